@@ -1,0 +1,28 @@
+"""asyncfeed: keep GPUs fed from one process.
+
+An asyncio I/O layer keeps many reads in flight, a thread pool decodes with
+GIL-releasing decoders, decoded samples land in preallocated batch slots, and a
+dedicated CUDA copy stream moves them to the GPU while the model computes.
+"""
+
+from ._errors import AsyncFeedError, LoaderClosedError, LoaderTimeout, SampleError, StateError
+from ._folder import IMG_EXTENSIONS, ImageFolder
+from ._image import decode_image
+from ._loader import AsyncLoader
+from ._stats import LoaderStats, SkippedSample
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncFeedError",
+    "AsyncLoader",
+    "IMG_EXTENSIONS",
+    "ImageFolder",
+    "LoaderClosedError",
+    "LoaderStats",
+    "LoaderTimeout",
+    "SampleError",
+    "SkippedSample",
+    "StateError",
+    "decode_image",
+]
