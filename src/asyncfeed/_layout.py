@@ -1,0 +1,175 @@
+"""Fixed-shape samples: batch buffers filled row by row, no collate copy.
+
+A :class:`Layout` is read off one sample.  It knows the sample's structure
+(tuples, lists, dicts, namedtuples, nested) and each leaf's shape and dtype, so a
+batch can be preallocated and each decode thread can write its sample into its
+own row.  The batch is then assembled by torch's own ``collate`` walking a
+skeleton of the sample whose leaves are replaced by the filled buffers, so the
+containers come out exactly as ``default_collate`` makes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data._utils.collate import collate
+
+_PY_SCALARS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64,
+                                        bool: torch.bool}
+
+
+class LayoutMismatch(ValueError):
+    """A sample does not have the structure, shape or dtype of the first one."""
+
+
+class _Leaf:
+    __slots__ = ("j",)
+
+    def __init__(self, j: int) -> None:
+        self.j = j
+
+
+class _LeafSpec:
+    __slots__ = ("kind", "shape", "dtype")
+
+    def __init__(self, kind: str, shape: tuple[int, ...], dtype: torch.dtype | None) -> None:
+        self.kind = kind          # "tensor" | "ndarray" | "scalar" | "list"
+        self.shape = shape
+        self.dtype = dtype
+
+
+def _is_namedtuple(x: object) -> bool:
+    return isinstance(x, tuple) and hasattr(x, "_fields")
+
+
+class Layout:
+    """The shape of one sample, and how to write samples into batch buffers."""
+
+    def __init__(self, skeleton: Any, specs: list[_LeafSpec]) -> None:
+        self.skeleton = skeleton
+        self.specs = specs
+        # the first array leaf: where a dataset's decode_into writes directly
+        self.primary = next((j for j, s in enumerate(specs)
+                             if s.kind in ("tensor", "ndarray")), None)
+
+    @classmethod
+    def infer(cls, sample: Any) -> Layout | None:
+        """The layout of ``sample``, or None when it cannot go through buffers."""
+        specs: list[_LeafSpec] = []
+
+        def walk(x: Any) -> Any:
+            t = type(x)
+            if isinstance(x, torch.Tensor):
+                if x.layout != torch.strided or x.is_nested or x.requires_grad \
+                        or x.device.type != "cpu":
+                    raise _NotFixed
+                specs.append(_LeafSpec("tensor", tuple(x.shape), x.dtype))
+            elif isinstance(x, np.ndarray):
+                if x.dtype.kind not in "biuf" or not x.dtype.isnative:
+                    raise _NotFixed
+                specs.append(_LeafSpec("ndarray", x.shape, torch.from_numpy(x[:0].copy()).dtype
+                                       if x.ndim else torch.as_tensor(x).dtype))
+            elif t in _PY_SCALARS:
+                specs.append(_LeafSpec("scalar", (), _PY_SCALARS[t]))
+            elif t is str or t is bytes:
+                specs.append(_LeafSpec("list", (), None))
+            elif _is_namedtuple(x):
+                return t(*(walk(v) for v in x))
+            elif t is tuple or t is list:
+                return t(walk(v) for v in x)
+            elif t is dict:
+                return {k: walk(v) for k, v in x.items()}
+            else:
+                raise _NotFixed
+            return _Leaf(len(specs) - 1)
+
+        try:
+            skeleton = walk(sample)
+        except _NotFixed:
+            return None
+        if not any(s.kind in ("tensor", "ndarray") for s in specs):
+            return None  # nothing big to place: collating a few scalars is as cheap
+        return cls(skeleton, specs)
+
+    def flatten(self, sample: Any) -> list[Any]:
+        """The leaves of ``sample`` in skeleton order; raises LayoutMismatch."""
+        out: list[Any] = []
+
+        def walk(skel: Any, x: Any) -> None:
+            if isinstance(skel, _Leaf):
+                out.append(x)
+            elif isinstance(skel, Mapping):
+                if not isinstance(x, Mapping) or len(x) != len(skel):
+                    raise LayoutMismatch(f"expected a mapping with keys {list(skel)}")
+                for k, v in skel.items():
+                    if k not in x:
+                        raise LayoutMismatch(f"missing key {k!r}")
+                    walk(v, x[k])
+            else:
+                if type(x) is not type(skel) or len(x) != len(skel):
+                    raise LayoutMismatch(
+                        f"expected a {type(skel).__name__} of {len(skel)} items, got "
+                        f"{type(x).__name__}" + (f" of {len(x)}" if hasattr(x, "__len__") else ""))
+                for s, v in zip(skel, x):
+                    walk(s, v)
+
+        walk(self.skeleton, sample)
+        return out
+
+    def allocate(self, n: int, pin: bool = False) -> list[Any]:
+        """Uninitialised buffers for ``n`` samples (pinned when asked)."""
+        bufs: list[Any] = []
+        for s in self.specs:
+            if s.kind == "list":
+                bufs.append([None] * n)
+            else:
+                bufs.append(torch.empty((n, *s.shape), dtype=s.dtype, pin_memory=pin))
+        return bufs
+
+    def row_out(self, bufs: list[Any], row: int) -> torch.Tensor | None:
+        """The row of the primary array leaf, for a dataset's ``decode_into``."""
+        return None if self.primary is None else bufs[self.primary][row]
+
+    def write_row(self, bufs: list[Any], row: int, sample: Any) -> None:
+        """Copy ``sample`` into row ``row``; leaves already in place are not copied."""
+        leaves = self.flatten(sample)
+        for j, (s, x, buf) in enumerate(zip(self.specs, leaves, bufs)):
+            if s.kind == "list":
+                if type(x) is not str and type(x) is not bytes:
+                    raise LayoutMismatch(f"leaf {j}: expected str or bytes, got {type(x).__name__}")
+                buf[row] = x
+                continue
+            if s.kind == "scalar":
+                if type(x) not in _PY_SCALARS or _PY_SCALARS[type(x)] != s.dtype:
+                    raise LayoutMismatch(
+                        f"leaf {j}: expected a Python {s.dtype}, got {type(x).__name__}")
+                buf[row] = x
+                continue
+            dst = buf[row]
+            if isinstance(x, np.ndarray):
+                if x.dtype.kind not in "biuf" or not x.dtype.isnative:
+                    raise LayoutMismatch(f"leaf {j}: unsupported array dtype {x.dtype}")
+                x = torch.from_numpy(x) if x.ndim else torch.as_tensor(x)
+            elif not isinstance(x, torch.Tensor):
+                raise LayoutMismatch(f"leaf {j}: expected an array, got {type(x).__name__}")
+            if tuple(x.shape) != s.shape or x.dtype != s.dtype:
+                raise LayoutMismatch(
+                    f"leaf {j}: shape {tuple(x.shape)} {x.dtype} differs from the batch's "
+                    f"{s.shape} {s.dtype} (default_collate cannot stack these either)")
+            if x.data_ptr() == dst.data_ptr() and x.stride() == dst.stride():
+                continue  # decode_into already wrote it
+            dst.copy_(x)
+
+    def assemble(self, bufs: list[Any], n: int | None = None) -> Any:
+        """The batch, structured as ``default_collate`` would build it."""
+        if n is not None:
+            bufs = [b[:n] for b in bufs]
+        fn_map = {_Leaf: lambda batch, *, collate_fn_map=None: bufs[batch[0].j]}
+        return collate([self.skeleton], collate_fn_map=fn_map)
+
+
+class _NotFixed(Exception):
+    pass

@@ -1,0 +1,65 @@
+"""Counters a loader keeps, and a logger that does not flood on repeated failures."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+log = logging.getLogger("asyncfeed")
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """One sample dropped under ``on_error="skip"``."""
+
+    index: object
+    source: str | None
+    error: str
+    epoch: int
+    batch: int | None = None
+
+
+@dataclass
+class LoaderStats:
+    """A snapshot of what a loader has done (``AsyncLoader.stats()``).
+
+    ``wait_s`` is the time the consumer spent blocked in ``next()`` waiting for a
+    batch (the stall the loader caused), ``batches``/``samples`` count what was
+    handed out, ``skipped`` lists every sample dropped under ``on_error="skip"``,
+    ``path`` says how batches were built (``"ring"``: decoded straight into batch
+    slots; ``"collate"``: per-sample objects collated; ``"batch"``:
+    ``__getitems__``; ``"iterable"``), ``slot_waits`` counts times a pinned slot
+    was still being copied when it was needed again.
+    """
+
+    epoch: int = 0
+    batches: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    slot_waits: int = 0
+    path: str = ""
+    skipped: list[SkippedSample] = field(default_factory=list)
+
+
+class RateLimitedLog:
+    """Logs the first ``burst`` events, then only the 10th, 100th, 1000th... with a count."""
+
+    def __init__(self, burst: int = 10) -> None:
+        self._burst = burst
+        self._count = 0
+        self._next = burst * 10
+        self._lock = threading.Lock()
+
+    def warning(self, msg: str) -> None:
+        with self._lock:
+            self._count += 1
+            n = self._count
+            if n <= self._burst:
+                pass
+            elif n >= self._next:
+                self._next *= 10
+                msg = f"{msg} ({n} samples skipped so far; logging fewer of them)"
+            else:
+                return
+        log.warning(msg)
