@@ -163,6 +163,30 @@ class Layout:
                 continue  # decode_into already wrote it
             dst.copy_(x)
 
+    def unflatten(self, leaves: list[Any]) -> Any:
+        """A sample of the skeleton's structure with ``leaves`` in it."""
+        def build(skel: Any) -> Any:
+            if isinstance(skel, _Leaf):
+                return leaves[skel.j]
+            if isinstance(skel, dict):
+                return {k: build(v) for k, v in skel.items()}
+            if _is_namedtuple(skel):
+                return type(skel)(*(build(v) for v in skel))
+            return type(skel)(build(v) for v in skel)
+        return build(self.skeleton)
+
+    def row_sample(self, bufs: list[Any], row: int) -> Any:
+        """Row ``row`` as a standalone sample (copied out of the buffers)."""
+        leaves = []
+        for s, buf in zip(self.specs, bufs):
+            if s.kind == "list":
+                leaves.append(buf[row])
+            elif s.kind == "scalar":
+                leaves.append(buf[row].item())
+            else:
+                leaves.append(buf[row].clone())
+        return self.unflatten(leaves)
+
     def assemble(self, bufs: list[Any], n: int | None = None) -> Any:
         """The batch, structured as ``default_collate`` would build it."""
         if n is not None:

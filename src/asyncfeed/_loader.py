@@ -1,6 +1,458 @@
-"""Placeholder while the loader core is written (replaced in the next commit)."""
+"""``AsyncLoader``: DataLoader's interface over one process's threads."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import default_collate, default_convert
+
+from ._device import CopyStream, pin, resolve_device, resolve_pin
+from ._errors import AsyncFeedError, LoaderClosedError, SampleError
+from ._iterable import IterablePipeline
+from ._layout import Layout
+from ._pipeline import Batch, LayoutHolder, Pipeline, sample_error
+from ._plan import IndexPlan, is_iterable_dataset, validate
+from ._runtime import Runtime
+from ._slots import SlotRing
+from ._stats import LoaderStats, RateLimitedLog, SkippedSample
+
+OnError = Literal["raise", "skip"]
 
 
-class AsyncLoader:  # pragma: no cover - replaced
-    def __init__(self, *a, **k):
-        raise NotImplementedError("AsyncLoader is being written")
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class AsyncLoader:
+    """A drop-in for ``torch.utils.data.DataLoader`` that runs in one process.
+
+    With the same arguments (and the same ``generator``) it yields exactly the
+    batches ``DataLoader(num_workers=0)`` yields: same order, same structure,
+    bit-identical tensors.  Samples are loaded by ``num_threads`` decode threads;
+    a dataset that defines ``async fetch(index)`` and ``decode(raw, index)`` has
+    its reads run on an event loop, ``io_concurrency`` at a time.  Fixed-shape
+    samples are written straight into their row of a preallocated batch.
+
+    DataLoader's process arguments (``num_workers``, ``worker_init_fn``,
+    ``multiprocessing_context``, ``prefetch_factor``, ``persistent_workers``,
+    ``pin_memory_device``) are accepted and ignored: there are no worker
+    processes.  asyncfeed's own knobs:
+
+    - ``num_threads``: decode threads (default: the cores this process may use).
+    - ``io_concurrency``: reads in flight on the event loop (default 64).
+    - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
+      every thread busy, at least 4).  Bounds memory.
+    - ``device``: ``None``/``"cpu"`` for host batches, ``"cuda[:N]"`` to receive
+      batches on the GPU, copied on a dedicated stream.
+    - ``pin_memory``: default on when ``device`` is CUDA.
+    - ``seed``: shuffle seed when no ``generator`` is given; epoch ``e`` shuffles
+      with ``seed + e`` (see ``set_epoch``).  Without seed or generator, shuffling
+      draws from torch's global RNG, as DataLoader does.
+    - ``in_order``: deliver batches in plan order (default); ``False`` delivers
+      each as soon as it is complete (the batches themselves are the same).
+    - ``on_error``: ``"raise"`` raises :class:`SampleError` at the failing batch;
+      ``"skip"`` fills the batch from the next samples and records each skipped
+      sample in ``stats().skipped``.
+
+    Threads live for one pass: they start at ``iter()`` and stop when the pass
+    ends, when its iterator is dropped (a ``break``), at ``close()``, at a new
+    ``iter()`` and at interpreter exit.  ``close()`` is idempotent; the loader is
+    a context manager.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Callable[[list[Any]], Any] | None = None,
+                 pin_memory: bool | None = None, drop_last: bool = False,
+                 timeout: float = 0, worker_init_fn: Callable[[int], None] | None = None,
+                 multiprocessing_context: Any = None,
+                 generator: torch.Generator | None = None, *,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False,
+                 pin_memory_device: str = "", in_order: bool = True,
+                 num_threads: int | None = None, io_concurrency: int = 64,
+                 prefetch: int | None = None, device: str | torch.device | int | None = None,
+                 seed: int | None = None, on_error: OnError = "raise") -> None:
+        validate(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
+        if not isinstance(io_concurrency, int) or io_concurrency < 1:
+            raise ValueError(f"io_concurrency must be a positive int, got {io_concurrency!r}")
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
+            raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
+        if seed is not None and not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if seed is not None and generator is not None:
+            warnings.warn("both seed and generator given: the generator is used, the seed "
+                          "ignored", stacklevel=2)
+            seed = None
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.timeout = timeout
+        self.generator = generator
+        self.num_workers = num_workers  # accepted for drop-in use; there are no workers
+        self.in_order = in_order
+        self.on_error: OnError = on_error
+        self.seed = seed
+        self.io_concurrency = io_concurrency
+        self.num_threads = num_threads or available_cores()
+        self.device = resolve_device(device)
+        self.pin_memory = resolve_pin(pin_memory, self.device)
+        self._iterable = is_iterable_dataset(dataset)
+        self._plan = IndexPlan(dataset, batch_size, bool(shuffle), sampler, batch_sampler,
+                               drop_last, generator, seed)
+        auto = self._plan.auto_collation
+        if collate_fn is None:
+            collate_fn = default_collate if auto else default_convert
+        self.collate_fn = collate_fn
+        self._collate = collate_fn if auto else (lambda samples: collate_fn(samples[0]))
+        self._use_fetch = (not self._iterable and callable(getattr(dataset, "fetch", None))
+                           and callable(getattr(dataset, "decode", None))
+                           and bool(getattr(dataset, "use_async_fetch", True)))
+        self.prefetch = prefetch or self._default_prefetch()
+        self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
+        self._ring: SlotRing | None = None
+        self._ring_lock = threading.Lock()
+        self._copy: CopyStream | None = None
+        self._epoch = 0
+        self._stats = LoaderStats()
+        self._skip_log = RateLimitedLog()
+        self._closed = False
+        self._current: weakref.ref[_Iterator] | None = None
+        self._finalizer = weakref.finalize(self, _close_current, [None])
+
+    # ---------------------------------------------------------------- config
+    def _default_prefetch(self) -> int:
+        per_batch = self.batch_size or 1
+        want = 2 * self.num_threads
+        if self._use_fetch:
+            want = max(want, self.io_concurrency)
+        return max(4, min(64, math.ceil(want / per_batch) + 1))
+
+    @property
+    def sampler(self) -> Any:
+        """The sampler of the current epoch (as DataLoader's ``sampler`` attribute)."""
+        return None if self._iterable else self._plan._sampler(self._epoch)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The batch sampler of the current epoch (None without auto-batching)."""
+        if self._iterable or not self._plan.auto_collation:
+            return None
+        return self._plan.index_sampler(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch: with ``seed``, epoch ``e`` shuffles with ``seed + e``.
+
+        Also forwarded to a sampler or batch sampler that has ``set_epoch`` (e.g.
+        ``DistributedSampler``).  Takes effect at the next ``iter()``.
+        """
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._epoch = epoch
+        for s in (self._plan.user_sampler, self._plan.user_batch_sampler,
+                  getattr(self._plan.user_batch_sampler, "sampler", None)):
+            if s is not None and callable(getattr(s, "set_epoch", None)):
+                s.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __len__(self) -> int:
+        if self._iterable:
+            n = len(self.dataset)  # TypeError when the dataset has no length, as DataLoader
+            if self.batch_size is not None:
+                n = n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+            return n
+        return len(self._plan)
+
+    def stats(self) -> LoaderStats:
+        """A snapshot of the counters (see :class:`LoaderStats`)."""
+        s = self._stats
+        ring = self._ring
+        return LoaderStats(epoch=s.epoch, batches=s.batches, samples=s.samples,
+                           wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
+                           path=s.path, skipped=list(s.skipped))
+
+    # ------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Any]:
+        if self._closed:
+            raise LoaderClosedError("this AsyncLoader is closed")
+        self._close_current("superseded by a new iter() of the same loader")
+        if self.device is not None and self._copy is None:
+            self._copy = CopyStream(self.device)
+        runtime = Runtime(self.num_threads, with_loop=self._use_fetch,
+                          on_loop_close=getattr(self.dataset, "close_io", None)
+                          if self._use_fetch else None)
+        try:
+            pipeline = self._make_pipeline(runtime)
+        except BaseException:
+            runtime.close()
+            raise
+        it = _Iterator(self, pipeline, runtime)
+        self._current = weakref.ref(it)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_current, [self._current])
+        self._stats.epoch = self._epoch
+        it._start()
+        return it
+
+    def _make_pipeline(self, runtime: Runtime) -> Pipeline:
+        if self._iterable:
+            self._stats.path = "iterable"
+            return IterablePipeline(dataset=self.dataset, batch_size=self.batch_size,
+                                    drop_last=self.drop_last, collate=self._collate,
+                                    runtime=runtime, prefetch=self.prefetch, copy=self._copy,
+                                    pin_host=self.pin_memory, skip=self.on_error == "skip")
+        return Pipeline(dataset=self.dataset, plan=self._plan.start(self._epoch),
+                        auto_collation=self._plan.auto_collation, collate=self._collate,
+                        default_collate=self._layouts.enabled, layouts=self._layouts,
+                        runtime=runtime, prefetch=self.prefetch,
+                        io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
+                        copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
+                        batch_size=self.batch_size)
+
+    def _get_ring(self, layout: Layout, rows: int) -> SlotRing | None:
+        """The pinned slot ring (CUDA only), made once the layout is known."""
+        if self.device is None or not self.pin_memory:
+            return None
+        with self._ring_lock:
+            if self._ring is None or not self._ring.fits(layout, rows):
+                self._ring = SlotRing(layout, max(rows, self.batch_size or rows),
+                                      self.prefetch)
+            return self._ring
+
+    def _close_current(self, reason: str) -> None:
+        it = self._current() if self._current is not None else None
+        self._current = None
+        if it is not None:
+            it._close(reason)
+
+    def close(self) -> None:
+        """Stop the current pass, join its threads and free pinned slots. Idempotent."""
+        self._closed = True
+        self._close_current("the loader was closed")
+        self._ring = None
+        self._finalizer.detach()
+
+    def __enter__(self) -> AsyncLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ bookkeeping
+    def _record_skips(self, b: Batch) -> None:
+        for _, idx, e in sorted(b.failures, key=lambda f: f[0]):
+            err = sample_error(self.dataset, idx, e, b.k)
+            entry = SkippedSample(index=idx, source=err.source,
+                                  error=f"{type(e).__name__}: {e}", epoch=self._epoch, batch=b.k)
+            self._stats.skipped.append(entry)
+            self._skip_log.warning(f"asyncfeed: skipped {err}")
+
+
+def _close_current(ref_box: list[Any]) -> None:
+    ref = ref_box[0]
+    it = ref() if ref is not None else None
+    if it is not None:
+        it._close("the loader was garbage-collected")
+
+
+def _shutdown(pipeline: Pipeline, runtime: Runtime) -> None:
+    """Finalizer of an iterator: stop its threads without waiting (any thread may run it)."""
+    pipeline.stop()
+    runtime.close(wait=False)
+
+
+class _Iterator:
+    """One pass of an :class:`AsyncLoader`.
+
+    Dropping it (``break`` out of the loop) stops its threads; ``close()`` stops
+    and joins them.  After the loader starts another pass, ``next()`` raises
+    :class:`LoaderClosedError`.
+    """
+
+    def __init__(self, loader: AsyncLoader, pipeline: Pipeline, runtime: Runtime) -> None:
+        self._loader = loader
+        self._p = pipeline
+        self._runtime = runtime
+        self._closed_reason: str | None = None
+        self._done = False
+        self._carry: list[tuple[Any, Any]] = []
+        self._emitted = 0
+        self._finalizer = weakref.finalize(self, _shutdown, pipeline, runtime)
+
+    def _start(self) -> None:
+        self._p.top_up()
+
+    def __iter__(self) -> _Iterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self) -> Any:
+        if self._closed_reason is not None:
+            raise LoaderClosedError(f"this iterator is closed: {self._closed_reason}")
+        if self._done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        try:
+            if self._loader.on_error == "skip" and self._loader.in_order:
+                out = self._next_skipping()
+            else:
+                out = self._next_plain()
+        except StopIteration:
+            self._done = True
+            self._close(None)
+            raise
+        finally:
+            self._loader._stats.wait_s += time.perf_counter() - t0
+        st = self._loader._stats
+        st.batches += 1
+        st.samples += _batch_len(out)
+        if st.path == "":
+            st.path = "collate"
+        return out
+
+    # plain: one planned batch → one delivered batch
+    def _next_plain(self) -> Any:
+        loader, p = self._loader, self._p
+        while True:
+            b = self._take()
+            if b.error is not None:
+                raise _batch_error(loader.dataset, b)
+            if b.failures and b.output is not None:      # iterable stream, skipping
+                loader._record_skips(b)
+            elif b.failures:
+                if loader.on_error == "raise":
+                    row, idx, e = min(b.failures, key=lambda f: f[0])
+                    raise sample_error(loader.dataset, idx, e, b.k) from e
+                loader._record_skips(b)                  # in_order=False: short batch
+                good = b.good_samples_host
+                if not good:
+                    continue
+                return self._emit([s for _, s in good])
+            return self._deliver(b)
+
+    def _next_skipping(self) -> Any:
+        """in_order with on_error="skip": batch j = the next successful samples."""
+        loader, p = self._loader, self._p
+        if not self._carry:
+            b = self._take()
+            if b.error is not None:
+                raise _batch_error(loader.dataset, b)
+            if not b.failures:
+                self._emitted += 1
+                return self._deliver(b)
+            loader._record_skips(b)
+            self._carry.extend(b.good_samples_host)
+        target = p.sizes[self._emitted]
+        while len(self._carry) < target:
+            try:
+                b = self._take(want_rows=True)
+            except StopIteration:
+                break
+            if b.error is not None:
+                raise _batch_error(loader.dataset, b)
+            loader._record_skips(b)
+            self._carry.extend(b.good_samples_host)
+        if not self._carry:
+            raise StopIteration
+        chunk, self._carry = self._carry[:target], self._carry[target:]
+        if len(chunk) < target and loader.drop_last and loader.batch_size is not None:
+            self._carry = []
+            raise StopIteration
+        self._emitted += 1
+        return self._emit([s for _, s in chunk])
+
+    def _take(self, want_rows: bool = False) -> Batch:
+        """The next batch from the pipeline, its credit returned; StopIteration at the end.
+
+        With ``want_rows`` (or when samples failed) the successful samples are
+        copied out as ``b.good_samples_host`` before the batch's slot is reused.
+        """
+        loader, p = self._loader, self._p
+        k = p.taken if loader.in_order else None
+        b = p.wait(k, loader.timeout)
+        if b is None:
+            raise StopIteration
+        # rows must be copied out of a pinned slot before the slot is reused
+        if b.error is None and (want_rows or (b.failures and b.output is None)):
+            b.good_samples_host = p.good_samples(b)
+        p.release(b)
+        p.top_up()
+        if loader._layouts.layout is not None and loader._stats.path in ("", "collate"):
+            loader._stats.path = "ring" if b.mode == "ring" else loader._stats.path
+        if b.mode == "batch":
+            loader._stats.path = "batch"
+        return b
+
+    def _deliver(self, b: Batch) -> Any:
+        if self._p.copy is not None and b.event is not None:
+            self._p.copy.hand_over(b.output, b.event)
+        return b.output
+
+    def _emit(self, samples: list[Any]) -> Any:
+        """Collate samples in this thread (the slow path, after a skip)."""
+        p = self._p
+        host = p.collate(samples)
+        if p.copy is not None:
+            out, event = p.copy.to_device(pin(host) if p.pin_host else host)
+            p.copy.hand_over(out, event)
+            return out
+        return pin(host) if p.pin_host else host
+
+    # ---------------------------------------------------------------- closing
+    def _close(self, reason: str | None) -> None:
+        """Stop this pass and join its threads (``reason`` None: it simply ended)."""
+        if reason is not None and self._closed_reason is None and not self._done:
+            self._closed_reason = reason
+        self._p.stop()
+        self._runtime.close(wait=True)
+        self._finalizer.detach()
+
+    def close(self) -> None:
+        """Stop this pass early. Idempotent."""
+        self._close("closed")
+
+
+def _batch_error(dataset: Any, b: Batch) -> AsyncFeedError:
+    e = b.error
+    assert e is not None
+    if isinstance(e, AsyncFeedError):
+        return e
+    if b.mode == "batch":
+        err = SampleError(b.indices, None, e, b.k)
+    else:
+        err = AsyncFeedError(f"batch {b.k} (indices {b.indices[:8]}"
+                             f"{'...' if b.n > 8 else ''}) failed: {type(e).__name__}: {e}")
+    err.__cause__ = e
+    return err
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    return 1

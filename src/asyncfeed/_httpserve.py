@@ -1,0 +1,292 @@
+"""A small threaded HTTP file server for tests and benchmarks (loopback only by default).
+
+``serve_directory(root, latency=0.02)`` serves a directory tree the way a plain
+Apache or nginx ``autoindex`` does: files with ``Content-Length`` (``Range``
+supported), directories as an HTML index of ``<a href>`` links (what fsspec's
+``HTTPFileSystem`` parses), with a fixed delay per request to stand in for a
+remote object store.  ``DirectoryServer`` adds fault injection for tests: a status
+code for the first *k* requests of a path, a stall or a dropped connection part way
+through a body, and per-path request counts.
+
+The server runs an asyncio loop (aiohttp's low-level server, no routing, no access
+log) on one named, non-daemon thread; ``close()`` stops it, wakes every stalled
+handler and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import html
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator, Literal
+from urllib.parse import quote, unquote, urlsplit
+
+from aiohttp import web
+
+FaultKind = Literal["status", "stall", "drop", "delay"]
+
+
+@dataclass
+class Fault:
+    """What to do to requests whose path matches ``pattern`` (``fnmatch``, relative to root).
+
+    ``kind``: ``"status"`` answers ``status`` with a short body; ``"stall"`` sends the
+    headers and the first ``after`` bytes, then nothing until the server closes;
+    ``"drop"`` sends the headers and ``after`` bytes, then closes the connection;
+    ``"delay"`` waits ``delay`` seconds more before answering normally.
+    ``times`` is how many matching requests it applies to (``None``: all of them).
+    ``chunked`` sends the body with chunked transfer encoding instead of a
+    ``Content-Length`` (for ``stall``/``drop``).
+    """
+
+    pattern: str
+    kind: FaultKind
+    status: int = 503
+    after: int = 0
+    delay: float = 0.0
+    times: int | None = None
+    chunked: bool = False
+    applied: int = 0
+
+    def take(self) -> bool:
+        if self.times is not None and self.applied >= self.times:
+            return False
+        self.applied += 1
+        return True
+
+
+class DirectoryServer:
+    """Serve ``root`` over HTTP on ``host:port`` (port 0 picks a free one).
+
+    Use as a context manager or call ``start()``/``close()``.  ``url`` is the base
+    URL, ending in ``/``.  ``latency`` seconds are waited before answering every
+    request (an ``asyncio.sleep``: many requests wait at once, as they would on a
+    remote server).  ``requests`` counts requests per relative path (``""`` is the
+    root index).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0,
+                 host: str = "127.0.0.1", port: int = 0,
+                 thread_name: str = "asyncfeed-httpserve") -> None:
+        self.root = os.path.realpath(os.fspath(root))
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"no such directory: {self.root}")
+        self.latency = float(latency)
+        self.host = host
+        self.port = port
+        self.requests: Counter[str] = Counter()
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        self._thread_name = thread_name
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._closing: asyncio.Event | None = None
+
+    # -- control (any thread) ----------------------------------------------------
+    @property
+    def url(self) -> str:
+        if not self._ready.is_set():
+            raise RuntimeError("server not started")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def add_fault(self, pattern: str, kind: FaultKind, **options: object) -> Fault:
+        """Add a :class:`Fault` (checked in the order added; the first that applies wins)."""
+        fault = Fault(pattern, kind, **options)  # type: ignore[arg-type]
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def count(self, path: str) -> int:
+        """Requests seen so far for ``path`` (relative to the root, unquoted)."""
+        with self._lock:
+            return self.requests[path.lstrip("/")]
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    def start(self) -> "DirectoryServer":
+        if self._thread is not None:
+            raise RuntimeError("server already started")
+        self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=False)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise RuntimeError(f"HTTP server failed to start: {self._error}") from self._error
+        return self
+
+    def close(self) -> None:
+        """Stop serving, wake stalled handlers and join the thread (idempotent)."""
+        thread, loop = self._thread, self._loop
+        if thread is None:
+            return
+        if loop is not None and self._stop is not None and thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(self._stop.set)
+        thread.join()
+        self._thread = None
+
+    def __enter__(self) -> "DirectoryServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the server thread ---------------------------------------------------------
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as e:  # reported by start() if it happens before ready
+            self._error = e
+        finally:
+            self._ready.set()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        self._closing = asyncio.Event()
+        server = web.Server(self._handle, access_log=None)
+        srv = await asyncio.get_running_loop().create_server(server, self.host, self.port,
+                                                              reuse_address=True, backlog=1024)
+        self.port = srv.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            self._closing.set()  # wake stalled handlers
+            srv.close()
+            await server.shutdown(timeout=1.0)
+            await srv.wait_closed()
+
+    def _fault_for(self, rel: str) -> Fault | None:
+        with self._lock:
+            self.requests[rel] += 1
+            for fault in self._faults:
+                if fnmatch.fnmatchcase(rel, fault.pattern) and fault.take():
+                    return fault
+        return None
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        rel = unquote(urlsplit(request.raw_path).path).lstrip("/")
+        fault = self._fault_for(rel)
+        delay = self.latency + (fault.delay if fault is not None and fault.kind == "delay" else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if fault is not None and fault.kind == "status":
+            return web.Response(status=fault.status, text=f"injected {fault.status} for {rel}\n")
+        path = os.path.realpath(os.path.join(self.root, rel))
+        if path != self.root and not path.startswith(self.root + os.sep):
+            return web.Response(status=403, text="outside the served root\n")
+        if os.path.isdir(path):
+            return web.Response(text=self._index(rel, path), content_type="text/html")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return web.Response(status=404, text=f"not found: {rel}\n")
+        except PermissionError:
+            return web.Response(status=403, text=f"forbidden: {rel}\n")
+        if fault is not None and fault.kind in ("stall", "drop"):
+            return await self._broken(request, data, fault)
+        status, headers = 200, {}
+        rng = request.headers.get("Range")
+        if rng is not None:
+            span = _parse_range(rng, len(data))
+            if span is None:
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+            start, end = span
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+            data, status = data[start:end], 206
+        headers["Accept-Ranges"] = "bytes"  # a HEAD gets the same headers, no body (aiohttp)
+        return web.Response(status=status, body=data, headers=headers,
+                            content_type="application/octet-stream")
+
+    async def _broken(self, request: web.BaseRequest, data: bytes,
+                      fault: Fault) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200)
+        resp.content_type = "application/octet-stream"
+        if fault.chunked:
+            resp.enable_chunked_encoding()
+        else:
+            resp.content_length = len(data)
+        await resp.prepare(request)
+        if fault.after:
+            await resp.write(data[:fault.after])
+            await asyncio.sleep(0.01)  # let the partial body reach the client first
+        if fault.kind == "stall":
+            assert self._closing is not None
+            await self._closing.wait()
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        raise asyncio.CancelledError  # nothing more is sent on this connection
+
+    def _index(self, rel: str, path: str) -> str:
+        title = html.escape("/" + rel)
+        rows = ['<tr><th><a href="?C=N;O=D">Name</a></th><th><a href="?C=M;O=A">Last modified</a>'
+                '</th><th><a href="?C=S;O=A">Size</a></th></tr>']
+        parent = "/" + rel.rstrip("/").rpartition("/")[0]
+        if rel:
+            rows.append(f'<tr><td><a href="{html.escape(quote(parent.rstrip("/") + "/"))}">'
+                        "Parent Directory</a></td><td></td><td>-</td></tr>")
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            is_dir = e.is_dir()
+            name = e.name + ("/" if is_dir else "")
+            size = "-" if is_dir else str(e.stat().st_size)
+            rows.append(f'<tr><td><a href="{html.escape(quote(name))}">{html.escape(name)}</a>'
+                        f"</td><td></td><td>{size}</td></tr>")
+        return (f"<!DOCTYPE HTML PUBLIC \"-//W3C//DTD HTML 3.2 Final//EN\">\n<html><head>"
+                f"<title>Index of {title}</title></head><body><h1>Index of {title}</h1>\n"
+                f"<table>\n" + "\n".join(rows) + "\n</table></body></html>\n")
+
+
+def _parse_range(value: str, size: int) -> tuple[int, int] | None:
+    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` to a half-open span, or None."""
+    unit, _, spec = value.partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        return None
+    first, _, last = spec.strip().partition("-")
+    try:
+        if first == "":
+            n = int(last)
+            start, end = max(0, size - n), size
+        else:
+            start = int(first)
+            end = size if last == "" else min(size, int(last) + 1)
+    except ValueError:
+        return None
+    if start >= end or start >= size:
+        return None
+    return start, end
+
+
+@contextlib.contextmanager
+def serve_directory(root: str | os.PathLike[str], latency: float = 0.02,
+                    host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve ``root`` over HTTP for the duration of the ``with`` block; yields the base URL.
+
+    ``latency`` seconds are added to every request.  The server thread is joined
+    when the block exits.
+    """
+    with DirectoryServer(root, latency=latency, host=host, port=port) as server:
+        yield server.url

@@ -1,0 +1,154 @@
+"""The threads of one pass over the data: an event loop thread and a decode pool.
+
+A :class:`Runtime` owns them.  ``close()`` is idempotent, may be called from any
+thread (including a finalizer or one of its own threads), cancels work not yet
+started, and with ``wait=True`` joins every thread it started.  Threads are
+named ``asyncfeed-*`` and are not daemons; runtimes still open when the
+interpreter exits are closed before the interpreter joins non-daemon threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+    uvloop = None
+
+_open: weakref.WeakSet[Runtime] = weakref.WeakSet()
+_open_lock = threading.Lock()
+
+
+def _close_all_at_exit() -> None:
+    with _open_lock:
+        runtimes = list(_open)
+    for rt in runtimes:
+        rt.close(wait=True)
+
+
+# Runs before the interpreter joins non-daemon threads (plain atexit runs after,
+# too late: exit would hang on our threads).  concurrent.futures uses the same hook.
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_close_all_at_exit)
+else:  # pragma: no cover
+    import atexit
+    atexit.register(_close_all_at_exit)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where installed, else asyncio's."""
+    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+
+
+class Runtime:
+    """A decode thread pool and, when asked, an event loop running in its own thread."""
+
+    def __init__(self, num_threads: int, with_loop: bool, io_threads: int = 8,
+                 on_loop_close: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self.pool = cf.ThreadPoolExecutor(num_threads, thread_name_prefix="asyncfeed-decode")
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._io_pool: cf.ThreadPoolExecutor | None = None
+        self._on_loop_close = on_loop_close
+        if with_loop:
+            self.loop = new_event_loop()
+            # aiofiles and run_in_executor use the loop's default executor: make it ours.
+            self._io_pool = cf.ThreadPoolExecutor(io_threads, thread_name_prefix="asyncfeed-io-file")
+            self.loop.set_default_executor(self._io_pool)
+            started = threading.Event()
+            self._loop_thread = threading.Thread(
+                target=self._run_loop, args=(started,), name="asyncfeed-io", daemon=False)
+            self._loop_thread.start()
+            started.wait()
+        with _open_lock:
+            _open.add(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _run_loop(self, started: threading.Event) -> None:
+        loop = self.loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
+        loop.call_soon(started.set)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                loop.run_until_complete(self._drain(loop))
+            finally:
+                loop.close()
+                if self._io_pool is not None:  # its idle threads exit on their own
+                    self._io_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._on_loop_close is not None:
+            try:
+                await asyncio.wait_for(self._on_loop_close(), 5.0)
+            except Exception:  # closing sessions must not keep the loop alive
+                pass
+        await loop.shutdown_asyncgens()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future | None:
+        """Run ``fn(*args)`` on the decode pool; None once the runtime is closing."""
+        try:
+            return self.pool.submit(fn, *args)
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            return None
+
+    def call_in_loop(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Schedule ``fn(*args)`` on the event loop thread; False once closing."""
+        if self.loop is None:
+            raise RuntimeError("this runtime has no event loop")
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:  # loop closed
+            return False
+
+    def close(self, wait: bool = True) -> None:
+        """Stop everything: pending decode work is cancelled, the loop's tasks too.
+
+        Idempotent.  With ``wait``, returns once every thread has exited (a decode
+        call already running is finished first, it cannot be interrupted).
+        """
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+        me = threading.current_thread()
+        if first:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            if self.loop is not None:
+                try:
+                    self.loop.call_soon_threadsafe(self.loop.stop)
+                except RuntimeError:
+                    pass
+        if not wait:
+            return
+        if self._loop_thread is not None and self._loop_thread is not me:
+            self._loop_thread.join()
+        if self._io_pool is not None and not me.name.startswith("asyncfeed-io-file"):
+            self._io_pool.shutdown(wait=True, cancel_futures=True)
+        if not me.name.startswith("asyncfeed-decode"):
+            self.pool.shutdown(wait=True)
+        with _open_lock:
+            _open.discard(self)
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
