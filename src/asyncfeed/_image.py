@@ -16,7 +16,7 @@ from typing import Literal
 import cv2
 import numpy as np
 import simplejpeg
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 Interpolation = Literal["area", "linear"]
 
@@ -48,7 +48,12 @@ def decode_rgb(raw: bytes, min_side: int | None = None) -> np.ndarray:
 
 
 def _decode_pillow(raw: bytes, min_side: int | None) -> np.ndarray:
-    with Image.open(io.BytesIO(raw)) as im:
+    try:
+        im = Image.open(io.BytesIO(raw))
+    except UnidentifiedImageError:
+        raise ValueError(f"not an image file Pillow or simplejpeg can read "
+                         f"({len(raw)} bytes starting {raw[:8]!r})") from None
+    with im:
         if min_side and im.format == "JPEG":
             im.draft("RGB", (min_side, min_side))
         im.load()  # raises on truncated data: Pillow is strict unless told otherwise

@@ -262,8 +262,10 @@ class AsyncLoader:
     def _record_skips(self, b: Batch) -> None:
         for _, idx, e in sorted(b.failures, key=lambda f: f[0]):
             err = sample_error(self.dataset, idx, e, b.k)
+            cause = err.cause
             entry = SkippedSample(index=idx, source=err.source,
-                                  error=f"{type(e).__name__}: {e}", epoch=self._epoch, batch=b.k)
+                                  error=f"{type(cause).__name__}: {cause}", epoch=self._epoch,
+                                  batch=b.k)
             self._stats.skipped.append(entry)
             self._skip_log.warning(f"asyncfeed: skipped {err}")
 
@@ -344,7 +346,7 @@ class _Iterator:
             elif b.failures:
                 if loader.on_error == "raise":
                     row, idx, e = min(b.failures, key=lambda f: f[0])
-                    raise sample_error(loader.dataset, idx, e, b.k) from e
+                    raise sample_error(loader.dataset, idx, e, b.k)
                 loader._record_skips(b)                  # in_order=False: short batch
                 good = b.good_samples_host
                 if not good:
