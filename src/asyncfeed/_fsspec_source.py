@@ -1,0 +1,624 @@
+"""Reading a remote directory tree through fsspec: S3, GCS, HTTP directory indexes...
+
+``FsspecSource`` is the source ``ImageFolder`` uses for URL roots.  Reads go
+through the filesystem's async interface (``_cat_file``) on whichever event loop
+calls ``read``: the loader makes a new loop per iterator, so the filesystem
+object and its connection pool are made per loop and closed by ``close_io`` on
+that loop.  ``read_sync`` (decode threads, torch DataLoader workers) runs the same
+coroutine on fsspec's own I/O thread.
+
+Every read gets a per-attempt ``timeout`` and is retried on transient errors
+(timeouts, dropped connections, truncated bodies, HTTP 5xx/408/429, S3 throttling)
+with exponential backoff and jitter; a missing object (404) or a refusal (401/403)
+is not retried.  Errors name the URL.  A body shorter than its ``Content-Length``
+(aiohttp checks) or than the size the listing reported (S3, GCS...) is never
+returned.
+
+Listing happens once, the first time ``ImageFolder`` asks for the class folders:
+every class folder is listed at once (S3: one flat paginated listing per class;
+HTTP: a concurrent crawl of the index pages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import os
+import random
+import threading
+import weakref
+from typing import Any, Awaitable, Callable
+from urllib.parse import unquote
+
+import fsspec
+import fsspec.asyn
+
+from ._cache import DiskCache, MemoryCache
+from ._errors import AsyncFeedError
+
+__all__ = ["FsspecSource", "RemoteReadError", "RemoteTimeoutError"]
+
+
+class RemoteReadError(AsyncFeedError, OSError):
+    """A remote read failed for good (retries exhausted, or an error not worth retrying).
+
+    ``url`` is the URL; the last underlying error is chained as ``__cause__``;
+    ``attempts`` is how many requests were made.
+    """
+
+    def __init__(self, url: str, message: str, attempts: int = 1) -> None:
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        self.attempts = attempts
+
+    def __reduce__(self):
+        return (_rebuild_remote_error, (type(self), self.url, self.args[0], self.attempts))
+
+
+class RemoteTimeoutError(RemoteReadError, TimeoutError):
+    """Every attempt of a remote read ran past the per-read ``timeout``."""
+
+
+def _rebuild_remote_error(cls, url, full_message, attempts):
+    err = cls.__new__(cls)
+    OSError.__init__(err, full_message)
+    err.url, err.attempts = url, attempts
+    return err
+
+
+class _SizeMismatch(OSError):
+    """The body was not as long as the listing said (a transient truncation)."""
+
+
+# -- error classification ------------------------------------------------------------
+
+_THROTTLE_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+    "RequestThrottled", "TooManyRequests", "TooManyRequestsException",
+    "ProvisionedThroughputExceededException", "RequestTimeout", "RequestTimeoutException",
+    "InternalError", "ServiceUnavailable", "BandwidthLimitExceeded", "PriorRequestNotComplete",
+})
+_MISSING_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
+_DENIED_CODES = frozenset({"AccessDenied", "Forbidden", "403", "InvalidAccessKeyId",
+                           "SignatureDoesNotMatch", "ExpiredToken", "AllAccessDisabled"})
+_TRANSIENT_ERRNOS = frozenset(filter(None, (
+    errno.EIO, errno.EBUSY, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED,
+    errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE, errno.ENETUNREACH, errno.EHOSTUNREACH,
+    getattr(errno, "EREMOTEIO", None))))
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [TimeoutError, asyncio.TimeoutError, ConnectionError,
+                                        EOFError, _SizeMismatch]
+    try:
+        import aiohttp
+        types += [aiohttp.ClientPayloadError, aiohttp.ClientConnectionError]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from botocore import exceptions as bx
+        types += [bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from fsspec.exceptions import FSTimeoutError
+        types.append(FSTimeoutError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+_TRANSIENT_TYPES: tuple[type[BaseException], ...] | None = None
+
+
+def _status_and_code(e: BaseException) -> tuple[int | None, str | None, float | None]:
+    """HTTP status, S3 error code and Retry-After found on ``e`` or its causes."""
+    seen = 0
+    cur: BaseException | None = e
+    while cur is not None and seen < 6:
+        status = getattr(cur, "status", None)
+        if isinstance(status, int) and 100 <= status < 600:  # aiohttp.ClientResponseError
+            retry_after = None
+            headers = getattr(cur, "headers", None)
+            if headers:
+                try:
+                    retry_after = float(headers.get("Retry-After", ""))
+                except ValueError:
+                    pass
+            return status, None, retry_after
+        response = getattr(cur, "response", None)  # botocore.exceptions.ClientError
+        if isinstance(response, dict):
+            err = response.get("Error") or {}
+            meta = response.get("ResponseMetadata") or {}
+            status = meta.get("HTTPStatusCode")
+            return (status if isinstance(status, int) else None), err.get("Code"), None
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return None, None, None
+
+
+def classify(e: BaseException) -> str:
+    """``"missing"``, ``"denied"``, ``"transient"`` or ``"permanent"``."""
+    global _TRANSIENT_TYPES
+    if isinstance(e, FileNotFoundError):
+        return "missing"
+    if isinstance(e, PermissionError):
+        return "denied"
+    status, code, _ = _status_and_code(e)
+    if code in _MISSING_CODES:
+        return "missing"
+    if code in _DENIED_CODES:
+        return "denied"
+    if code in _THROTTLE_CODES:
+        return "transient"
+    if status is not None:
+        if status in (404, 410):
+            return "missing"
+        if status in (401, 403):
+            return "denied"
+        if status in (408, 425, 429) or status >= 500:
+            return "transient"
+        if status >= 400:
+            return "permanent"
+    if _TRANSIENT_TYPES is None:
+        _TRANSIENT_TYPES = _transient_types()
+    if isinstance(e, _TRANSIENT_TYPES):
+        return "transient"
+    if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+        return "transient"
+    return "permanent"
+
+
+# -- per-event-loop connections -------------------------------------------------------
+
+async def _http_client(limit: int, **kwargs: Any):
+    """aiohttp session for fsspec's HTTPFileSystem with a connection pool of ``limit``."""
+    import aiohttp
+    kwargs.pop("loop", None)
+    if "connector" not in kwargs:
+        kwargs["connector"] = aiohttp.TCPConnector(limit=limit, limit_per_host=0,
+                                                   ttl_dns_cache=300)
+    return aiohttp.ClientSession(**kwargs)
+
+
+class _Conn:
+    """A filesystem object bound to one event loop, and how to read and close with it."""
+
+    __slots__ = ("loop", "fs", "cat", "_close", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fs: Any,
+                 cat: Callable[[str, int | None, int | None], Awaitable[bytes]],
+                 close: Callable[[], Awaitable[None]]) -> None:
+        self.loop, self.fs, self.cat, self._close = loop, fs, cat, close
+
+    async def close(self) -> None:
+        await self._close()
+
+
+def _open_conn(protocol: str, storage_options: dict[str, Any], max_connections: int,
+               timeout: float | None) -> _Conn:
+    """Make a filesystem object for the running loop (called in the loop's thread)."""
+    loop = asyncio.get_running_loop()
+    cls = fsspec.get_filesystem_class(protocol)
+    opts = dict(storage_options)
+    opts["skip_instance_cache"] = True
+    if not getattr(cls, "async_impl", False):
+        fs = cls(**opts)
+
+        async def cat_sync(path: str, start: int | None, end: int | None) -> bytes:
+            return await loop.run_in_executor(None, functools.partial(fs.cat_file, path,
+                                                                      start=start, end=end))
+
+        async def nothing() -> None:
+            return None
+
+        return _Conn(loop, fs, cat_sync, nothing)
+
+    if protocol in ("http", "https"):
+        opts.setdefault("get_client", functools.partial(_http_client, max_connections))
+    elif protocol in ("s3", "s3a"):
+        opts.setdefault("max_concurrency", 1)  # else every _cat_file starts with a HEAD
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("max_pool_connections", max_connections)  # botocore default: 10
+        if timeout is not None:
+            config.setdefault("connect_timeout", timeout)
+            config.setdefault("read_timeout", timeout)
+        opts["config_kwargs"] = config
+    fs = cls(asynchronous=True, **opts)
+    if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
+        fs.retries = 1  # s3fs' own retry loop: one attempt; we retry with our backoff
+
+    async def cat(path: str, start: int | None, end: int | None) -> bytes:
+        return await fs._cat_file(path, start=start, end=end)
+
+    async def close() -> None:
+        await _close_async_fs(fs)
+
+    return _Conn(loop, fs, cat, close)
+
+
+async def _close_async_fs(fs: Any) -> None:
+    """Close what an async fsspec filesystem opened on the running loop (best effort)."""
+    creator = getattr(fs, "_s3creator", None)  # s3fs
+    if creator is not None:
+        if hasattr(creator, "clear"):
+            await creator.clear()
+        else:
+            await creator.__aexit__(None, None, None)
+        fs._s3 = fs._s3creator = None
+        return
+    for name in ("_session", "session"):  # fsspec http, gcsfs and friends: aiohttp sessions
+        try:
+            session = getattr(fs, name, None)
+        except Exception:  # properties that raise when nothing is open
+            session = None
+        if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
+            result = session.close()
+            if asyncio.iscoroutine(result):
+                await result
+            return
+
+
+def _close_conn_soon(conn: _Conn) -> None:
+    """Finalizer for the connection on fsspec's I/O loop (it outlives any source)."""
+    loop = conn.loop
+    if loop.is_closed() or not loop.is_running():
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(conn.close(), loop)
+    except RuntimeError:  # pragma: no cover - loop shutting down
+        pass
+
+
+_SOURCES: weakref.WeakSet[FsspecSource] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for src in list(_SOURCES):
+        src._lock = threading.Lock()
+        src._conns = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+async def _with_timeout(aw: Awaitable[bytes], timeout: float | None) -> bytes:
+    if timeout is None:
+        return await aw
+    if hasattr(asyncio, "timeout"):  # 3.11+: no extra task per read
+        async with asyncio.timeout(timeout):
+            return await aw
+    return await asyncio.wait_for(aw, timeout)  # pragma: no cover - 3.10
+
+
+class FsspecSource:
+    """Files under a remote root, read through fsspec (a source for ``ImageFolder``).
+
+    Parameters
+    ----------
+    root:
+        ``s3://bucket/prefix``, ``gs://...``, ``http(s)://host/dir/`` (a directory
+        index), or any URL fsspec knows how to list.
+    storage_options:
+        Passed to the fsspec filesystem (``endpoint_url``, ``key``/``secret``,
+        ``anon``, ``client_kwargs``, ``headers``...).
+    timeout:
+        Seconds one attempt of one read may take (None: no limit).
+    retries:
+        How many times a read is retried after a transient error.
+    backoff, max_backoff:
+        The wait before retry *n* is ``min(max_backoff, backoff * 2**(n-1))``, of
+        which a random half is jitter.
+    cache_dir, cache_size, cache_verify:
+        Keep what was read on local disk in ``cache_dir``, at most ``cache_size``
+        bytes (None: no limit), least recently used evicted first; entries are
+        checked against a CRC-32 on every read unless ``cache_verify=False``.
+    cache:
+        ``"memory"`` keeps raw bytes in RAM (at most ``cache_size`` bytes when no
+        ``cache_dir`` is given); both caches may be used together.
+    max_connections:
+        Connection pool size per event loop; keep it at least the loader's
+        ``io_concurrency``.
+    list_concurrency:
+        Directory listings in flight while listing the root.
+    """
+
+    is_local = False
+
+    def __init__(self, root: str, *, storage_options: dict[str, Any] | None = None,
+                 timeout: float | None = 30.0, retries: int = 5, backoff: float = 0.2,
+                 max_backoff: float = 10.0, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_size: int | None = None, cache: str | None = None,
+                 cache_verify: bool = True, max_connections: int = 256,
+                 list_concurrency: int = 32) -> None:
+        root = os.fspath(root)
+        if "://" not in root:
+            raise ValueError(f"not a URL: {root!r}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be positive or None, got {timeout!r}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries!r}")
+        if cache not in (None, "memory"):
+            raise ValueError(f"cache must be None or 'memory', got {cache!r}")
+        self.protocol = root.split("://", 1)[0].lower()
+        fs_cls = fsspec.get_filesystem_class(self.protocol)  # ValueError for unknown protocols
+        self.root = root.rstrip("/")
+        self._root_key = fs_cls._strip_protocol(self.root).rstrip("/")
+        self._is_http = self.protocol in ("http", "https")
+        self.storage_options = dict(storage_options or {})
+        self.timeout = timeout
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        self.max_connections = int(max_connections)
+        self.list_concurrency = int(list_concurrency)
+        self.memory_cache = (MemoryCache(None if cache_dir is not None else cache_size)
+                             if cache == "memory" else None)
+        self.disk_cache = (DiskCache(cache_dir, cache_size, verify=cache_verify)
+                           if cache_dir is not None else None)
+        self._cache_mode = cache
+        self._sizes: dict[str, int] = {}
+        self._dirs: list[str] | None = None
+        self._dir_rel: dict[str, str] = {}
+        self._tree: dict[str, list[str]] = {}
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: dict[int, _Conn] = {}
+        self._rng = random.Random()
+        _SOURCES.add(self)
+
+    # -- pickling (DataLoader workers): drop what is bound to loops and threads ------
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for k in ("_lock", "_conns", "_rng"):
+            state.pop(k, None)
+        if self.memory_cache is not None:
+            state["memory_cache"] = MemoryCache(self.memory_cache.max_bytes)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def __repr__(self) -> str:
+        return (f"FsspecSource({self.root!r}, timeout={self.timeout}, retries={self.retries}, "
+                f"cache_dir={self.disk_cache.directory if self.disk_cache else None!r}, "
+                f"cache={self._cache_mode!r})")
+
+    # -- connections -----------------------------------------------------------------
+    def _conn(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        conn = self._conns.get(id(loop))
+        if conn is not None and conn.loop is loop:
+            return conn
+        with self._lock:
+            conn = self._conns.get(id(loop))
+            if conn is None or conn.loop is not loop:
+                conn = _open_conn(self.protocol, self.storage_options, self.max_connections,
+                                  self.timeout)
+                self._conns[id(loop)] = conn
+                if loop is fsspec.asyn.loop[0]:  # fsspec's I/O loop outlives this source
+                    weakref.finalize(self, _close_conn_soon, conn)
+        return conn
+
+    async def close_io(self) -> None:
+        """Close the connections made on the running loop (the loader calls this)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            conn = self._conns.get(id(loop))
+            if conn is not None and conn.loop is loop:
+                del self._conns[id(loop)]
+            else:
+                conn = None
+        if conn is not None:
+            await conn.close()
+
+    def close(self) -> None:
+        """Close the connections ``read_sync`` and listing opened (idempotent)."""
+        io_loop = fsspec.asyn.loop[0]
+        if io_loop is None or io_loop.is_closed():
+            return
+        with self._lock:
+            conn = self._conns.get(id(io_loop))
+        if conn is not None and conn.loop is io_loop:
+            fsspec.asyn.sync(io_loop, self.close_io)
+
+    def _sync(self, func: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        return fsspec.asyn.sync(fsspec.asyn.get_loop(), func, *args)
+
+    # -- reads -------------------------------------------------------------------------
+    def read_sync(self, path: str) -> bytes:
+        """Read ``path`` from any thread (blocking)."""
+        data = self._cache_get(path)
+        if data is None:
+            data = self._sync(self._fetch_and_cache, path)
+        return data
+
+    async def read(self, path: str) -> bytes:
+        """Read ``path`` on the running event loop."""
+        data = self._cache_get(path)
+        if data is None:
+            data = await self._fetch_and_cache(path)
+        return data
+
+    async def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``path`` (not cached), with timeout and retries."""
+        return await self._retrying(path, lambda conn: conn.cat(path, start, end),
+                                    expected=end - start)
+
+    async def info(self, path: str) -> dict[str, Any]:
+        """fsspec's ``info`` for ``path`` (size...), with timeout and retries."""
+        return await self._retrying(path, lambda conn: conn.fs._info(path))
+
+    def _cache_get(self, path: str) -> bytes | None:
+        size = self._sizes.get(path)
+        if self.memory_cache is not None:
+            data = self.memory_cache.get(path, size)
+            if data is not None:
+                return data
+        if self.disk_cache is not None:
+            data = self.disk_cache.get(path, size)
+            if data is not None:
+                if self.memory_cache is not None:
+                    self.memory_cache.put(path, data)
+                return data
+        return None
+
+    async def _fetch_and_cache(self, path: str) -> bytes:
+        data = await self._retrying(path, lambda conn: conn.cat(path, None, None),
+                                    expected=self._sizes.get(path))
+        if self.disk_cache is not None:
+            self.disk_cache.put(path, data)
+        if self.memory_cache is not None:
+            self.memory_cache.put(path, data)
+        return data
+
+    async def _retrying(self, url: str, op: Callable[[_Conn], Awaitable[Any]],
+                        expected: int | None = None) -> Any:
+        conn = self._conn()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                result = await _with_timeout(op(conn), self.timeout)
+                if expected is not None and len(result) != expected:
+                    raise _SizeMismatch(errno.EIO, f"got {len(result)} bytes, expected {expected}")
+                return result
+            except Exception as e:  # CancelledError (a BaseException) passes through
+                kind = classify(e)
+                if kind != "transient" or attempt > self.retries:
+                    raise self._final_error(url, e, kind, attempt) from e
+                await asyncio.sleep(self._delay(attempt, e))
+
+    def _delay(self, attempt: int, e: BaseException) -> float:
+        cap = min(self.max_backoff, self.backoff * (2 ** (attempt - 1)))
+        delay = cap / 2 + self._rng.uniform(0, cap / 2)
+        retry_after = _status_and_code(e)[2]
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.max_backoff))
+        return delay
+
+    def _final_error(self, url: str, e: BaseException, kind: str, attempts: int) -> BaseException:
+        what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if kind == "missing":
+            return FileNotFoundError(errno.ENOENT, f"no such remote file ({what})", url)
+        if kind == "denied":
+            return PermissionError(errno.EACCES, f"access denied ({what})", url)
+        if kind == "transient":
+            if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
+                why = f"timed out after {self.timeout}s" if not str(e) else f"timed out ({what})"
+                return RemoteTimeoutError(url, f"{why}, {attempts} attempt(s)", attempts)
+            return RemoteReadError(url, f"failed after {attempts} attempt(s): {what}", attempts)
+        return RemoteReadError(url, f"failed (not retried): {what}", attempts)
+
+    # -- listing -----------------------------------------------------------------------
+    def _rel(self, name: str) -> str | None:
+        """``name`` (as the filesystem lists it) relative to the root, or None if outside."""
+        prefix = self._root_key + "/"
+        if not name.startswith(prefix):
+            return None
+        rel = name[len(prefix):].rstrip("/")
+        if not rel or "?" in rel or "#" in rel:  # HTTP index sort links, anchors
+            return None
+        return rel
+
+    def _decode(self, rel: str) -> str:
+        return unquote(rel) if self._is_http else rel
+
+    def list_dirs(self) -> list[str]:
+        """Names of the immediate subdirectories of the root, sorted (lists everything once)."""
+        if self._dirs is None:
+            self._sync(self._list_all)
+        assert self._dirs is not None
+        return list(self._dirs)
+
+    def list_files(self, subdir: str) -> list[str]:
+        """Every file under ``root/subdir`` as URLs, in torchvision's order."""
+        if subdir not in self._tree:
+            rel = self._dir_rel.get(subdir)
+            if rel is None:
+                rel = subdir.strip("/")
+                if self._is_http:
+                    from urllib.parse import quote
+                    rel = quote(rel)
+            self._tree[subdir] = self._sync(self._list_tree, rel)
+        return list(self._tree[subdir])
+
+    async def _ls(self, path: str) -> list[dict[str, Any]]:
+        return await self._retrying(path, lambda conn: conn.fs._ls(path, detail=True))
+
+    async def _list_all(self) -> None:
+        entries = await self._ls(self.root + "/" if self._is_http else self.root)
+        dirs: dict[str, str] = {}
+        for e in entries:
+            if e.get("type") != "directory":
+                continue
+            rel = self._rel(e["name"])
+            if rel is not None and "/" not in rel:
+                dirs[self._decode(rel)] = rel
+        sem = asyncio.Semaphore(self.list_concurrency)
+
+        async def one(rel: str) -> list[str]:
+            if self._is_http:  # the crawl takes the semaphore per index page
+                return await self._list_tree(rel, sem)
+            async with sem:
+                return await self._list_tree(rel)
+
+        names = sorted(dirs)
+        trees = await asyncio.gather(*(one(dirs[n]) for n in names))
+        self._dir_rel = dirs
+        self._tree = dict(zip(names, trees))
+        self._dirs = names
+
+    async def _list_tree(self, rel_dir: str, sem: asyncio.Semaphore | None = None) -> list[str]:
+        """Files under ``root/rel_dir`` (URLs), in torchvision's order; records sizes."""
+        if self._is_http:
+            found = await self._crawl(rel_dir, sem or asyncio.Semaphore(self.list_concurrency))
+        else:
+            path = self.root + "/" + rel_dir
+            listing = await self._retrying(path, lambda conn: conn.fs._find(path, detail=True))
+            found = []
+            for name, info in listing.items():
+                if info.get("type", "file") != "file" or name.endswith("/"):
+                    continue
+                rel = self._rel(name)
+                if rel is not None:
+                    found.append((rel, info.get("size")))
+
+        def order(item: tuple[str, Any]) -> tuple[str, str]:
+            # sorted(os.walk(...)) then sorted(files): by directory path, then file name
+            head, _, tail = self._decode(item[0]).rpartition("/")
+            return ("/" + head, tail)
+
+        found.sort(key=order)
+        urls = []
+        for rel, size in found:
+            url = self.root + "/" + rel
+            if isinstance(size, int):
+                self._sizes[url] = size
+            urls.append(url)
+        return urls
+
+    async def _crawl(self, rel_dir: str, sem: asyncio.Semaphore) -> list[tuple[str, None]]:
+        """Walk an HTTP directory index below ``rel_dir``, pages fetched concurrently."""
+        url = self.root + "/" + rel_dir + "/"
+        async with sem:
+            entries = await self._ls(url)
+        files: list[tuple[str, None]] = []
+        subdirs: list[str] = []
+        for e in entries:
+            rel = self._rel(e["name"])
+            if rel is None or not rel.startswith(rel_dir + "/"):
+                continue
+            if e.get("type") == "directory":
+                subdirs.append(rel)
+            else:
+                files.append((rel, None))
+        for sub in await asyncio.gather(*(self._crawl(d, sem) for d in sorted(set(subdirs)))):
+            files.extend(sub)
+        return files
