@@ -220,7 +220,7 @@ def _open_conn(protocol: str, storage_options: dict[str, Any], max_connections: 
     elif protocol in ("s3", "s3a"):
         opts.setdefault("max_concurrency", 1)  # else every _cat_file starts with a HEAD
         config = dict(opts.get("config_kwargs") or {})
-        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         config.setdefault("max_pool_connections", max_connections)  # botocore default: 10
         if timeout is not None:
             config.setdefault("connect_timeout", timeout)
@@ -426,10 +426,19 @@ class FsspecSource:
         with self._lock:
             conn = self._conns.get(id(io_loop))
         if conn is not None and conn.loop is io_loop:
-            fsspec.asyn.sync(io_loop, self.close_io)
+            asyncio.run_coroutine_threadsafe(self.close_io(), io_loop).result()
 
     def _sync(self, func: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        return fsspec.asyn.sync(fsspec.asyn.get_loop(), func, *args)
+        """Run ``func(*args)`` on fsspec's I/O loop and wait (not ``fsspec.asyn.sync``: it
+        turns every TimeoutError into its own FSTimeoutError)."""
+        loop = fsspec.asyn.get_loop()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("blocking read called on fsspec's I/O loop; await read() instead")
+        return asyncio.run_coroutine_threadsafe(func(*args), loop).result()
 
     # -- reads -------------------------------------------------------------------------
     def read_sync(self, path: str) -> bytes:
@@ -505,6 +514,10 @@ class FsspecSource:
 
     def _final_error(self, url: str, e: BaseException, kind: str, attempts: int) -> BaseException:
         what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        status, code, _ = _status_and_code(e)
+        tag = " ".join(x for x in (f"HTTP {status}" if status else "", code or "") if x)
+        if tag and tag not in what:
+            what = f"{tag}; {what}"
         if kind == "missing":
             return FileNotFoundError(errno.ENOENT, f"no such remote file ({what})", url)
         if kind == "denied":

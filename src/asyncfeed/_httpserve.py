@@ -6,7 +6,8 @@ supported), directories as an HTML index of ``<a href>`` links (what fsspec's
 ``HTTPFileSystem`` parses), with a fixed delay per request to stand in for a
 remote object store.  ``DirectoryServer`` adds fault injection for tests: a status
 code for the first *k* requests of a path, a stall or a dropped connection part way
-through a body, and per-path request counts.
+through a body, and per-path request counts.  ``ThreadedHTTPServer`` is the
+reusable part (thread, loop, faults, counts) for other kinds of test servers.
 
 The server runs an asyncio loop (aiohttp's low-level server, no routing, no access
 log) on one named, non-daemon thread; ``close()`` stops it, wakes every stalled
@@ -41,7 +42,8 @@ class Fault:
     ``"delay"`` waits ``delay`` seconds more before answering normally.
     ``times`` is how many matching requests it applies to (``None``: all of them).
     ``chunked`` sends the body with chunked transfer encoding instead of a
-    ``Content-Length`` (for ``stall``/``drop``).
+    ``Content-Length`` (for ``stall``/``drop``).  ``body``/``headers`` replace the
+    default body and add headers of a ``status`` answer (an S3 XML error...).
     """
 
     pattern: str
@@ -51,6 +53,8 @@ class Fault:
     delay: float = 0.0
     times: int | None = None
     chunked: bool = False
+    body: str | None = None
+    headers: dict[str, str] | None = None
     applied: int = 0
 
     def take(self) -> bool:
@@ -60,26 +64,28 @@ class Fault:
         return True
 
 
-class DirectoryServer:
-    """Serve ``root`` over HTTP on ``host:port`` (port 0 picks a free one).
+class ThreadedHTTPServer:
+    """An aiohttp low-level server on its own thread, with fault injection and counts.
 
-    Use as a context manager or call ``start()``/``close()``.  ``url`` is the base
-    URL, ending in ``/``.  ``latency`` seconds are waited before answering every
-    request (an ``asyncio.sleep``: many requests wait at once, as they would on a
-    remote server).  ``requests`` counts requests per relative path (``""`` is the
-    root index).
+    Subclasses answer requests in ``async _answer(request, rel, fault)``; ``rel`` is
+    the unquoted request path without its leading ``/``, ``fault`` the
+    :class:`Fault` that applies (``status`` and ``delay`` faults and ``latency``
+    are already handled; ``stall``/``drop`` are the subclass's to honour, with
+    ``_broken``).  Use as a context manager or call ``start()``/``close()``.
+    ``url`` is the base URL, ending in ``/``.  ``latency`` seconds are waited
+    before answering every request (an ``asyncio.sleep``: many requests wait at
+    once, as they would on a remote server).  ``requests`` counts requests per
+    relative path; ``in_flight``/``max_in_flight`` count requests being answered.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0,
-                 host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, *, latency: float = 0.0, host: str = "127.0.0.1", port: int = 0,
                  thread_name: str = "asyncfeed-httpserve") -> None:
-        self.root = os.path.realpath(os.fspath(root))
-        if not os.path.isdir(self.root):
-            raise FileNotFoundError(f"no such directory: {self.root}")
         self.latency = float(latency)
         self.host = host
         self.port = port
         self.requests: Counter[str] = Counter()
+        self.in_flight = 0       # requests being answered now
+        self.max_in_flight = 0   # the most at once since start (or reset_counts)
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
         self._thread_name = thread_name
@@ -117,8 +123,9 @@ class DirectoryServer:
     def reset_counts(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.max_in_flight = self.in_flight
 
-    def start(self) -> "DirectoryServer":
+    def start(self) -> "ThreadedHTTPServer":
         if self._thread is not None:
             raise RuntimeError("server already started")
         self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=False)
@@ -140,7 +147,7 @@ class DirectoryServer:
         thread.join()
         self._thread = None
 
-    def __enter__(self) -> "DirectoryServer":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -156,7 +163,11 @@ class DirectoryServer:
             self._error = e
         finally:
             self._ready.set()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # handlers still running: cancel and reap
+                left = asyncio.all_tasks(loop)
+                for task in left:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
@@ -175,6 +186,10 @@ class DirectoryServer:
             srv.close()
             await server.shutdown(timeout=1.0)
             await srv.wait_closed()
+            await self._on_close()
+
+    async def _on_close(self) -> None:
+        """Release what a subclass opened on the server loop."""
 
     def _fault_for(self, rel: str) -> Fault | None:
         with self._lock:
@@ -185,13 +200,80 @@ class DirectoryServer:
         return None
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        self.in_flight += 1  # only this thread writes these
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
+        try:
+            return await self._handle_one(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _handle_one(self, request: web.BaseRequest) -> web.StreamResponse:
         rel = unquote(urlsplit(request.raw_path).path).lstrip("/")
         fault = self._fault_for(rel)
-        delay = self.latency + (fault.delay if fault is not None and fault.kind == "delay" else 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if self.latency > 0:
+            await asyncio.sleep(self.latency)
+        if fault is not None and fault.kind == "delay":
+            await self._wait_closing(fault.delay)
         if fault is not None and fault.kind == "status":
-            return web.Response(status=fault.status, text=f"injected {fault.status} for {rel}\n")
+            body = fault.body if fault.body is not None else f"injected {fault.status} for {rel}\n"
+            headers = dict(fault.headers or {})
+            headers.setdefault("Content-Type", "text/plain")
+            return web.Response(status=fault.status, headers=headers, body=body.encode())
+        return await self._answer(request, rel, fault)
+
+    async def _answer(self, request: web.BaseRequest, rel: str,
+                      fault: Fault | None) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def _wait_closing(self, seconds: float | None) -> None:
+        """Sleep ``seconds`` (None: forever); if the server closes first, abort the request."""
+        assert self._closing is not None
+        try:
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        except asyncio.TimeoutError:
+            return
+        raise asyncio.CancelledError  # closing: the connection is dropped
+
+    async def _broken(self, request: web.BaseRequest, data: bytes,
+                      fault: Fault) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200)
+        resp.content_type = "application/octet-stream"
+        if fault.chunked:
+            resp.enable_chunked_encoding()
+        else:
+            resp.content_length = len(data)
+        await resp.prepare(request)
+        if fault.after:
+            await resp.write(data[:fault.after])
+            await asyncio.sleep(0.01)  # let the partial body reach the client first
+        if fault.kind == "stall":
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._wait_closing(None)
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        raise asyncio.CancelledError  # nothing more is sent on this connection
+
+
+class DirectoryServer(ThreadedHTTPServer):
+    """Serve the directory tree ``root`` (see :class:`ThreadedHTTPServer` for the rest).
+
+    Files are answered with ``Content-Length`` (``Range`` and ``HEAD`` supported),
+    directories with an Apache-style HTML index (``<a href>`` links, ``/`` after
+    directory names, sort links and a parent link as Apache writes them).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0,
+                 host: str = "127.0.0.1", port: int = 0,
+                 thread_name: str = "asyncfeed-httpserve") -> None:
+        super().__init__(latency=latency, host=host, port=port, thread_name=thread_name)
+        self.root = os.path.realpath(os.fspath(root))
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"no such directory: {self.root}")
+
+    async def _answer(self, request: web.BaseRequest, rel: str,
+                      fault: Fault | None) -> web.StreamResponse:
         path = os.path.realpath(os.path.join(self.root, rel))
         if path != self.root and not path.startswith(self.root + os.sep):
             return web.Response(status=403, text="outside the served root\n")
@@ -218,26 +300,6 @@ class DirectoryServer:
         headers["Accept-Ranges"] = "bytes"  # a HEAD gets the same headers, no body (aiohttp)
         return web.Response(status=status, body=data, headers=headers,
                             content_type="application/octet-stream")
-
-    async def _broken(self, request: web.BaseRequest, data: bytes,
-                      fault: Fault) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200)
-        resp.content_type = "application/octet-stream"
-        if fault.chunked:
-            resp.enable_chunked_encoding()
-        else:
-            resp.content_length = len(data)
-        await resp.prepare(request)
-        if fault.after:
-            await resp.write(data[:fault.after])
-            await asyncio.sleep(0.01)  # let the partial body reach the client first
-        if fault.kind == "stall":
-            assert self._closing is not None
-            await self._closing.wait()
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
-        raise asyncio.CancelledError  # nothing more is sent on this connection
 
     def _index(self, rel: str, path: str) -> str:
         title = html.escape("/" + rel)
