@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import default_collate, default_convert
 
 from ._device import CopyStream, pin, resolve_device, resolve_pin
-from ._errors import AsyncFeedError, LoaderClosedError, SampleError
+from ._errors import AsyncFeedError, LoaderClosedError, SampleError, StateError
 from ._iterable import IterablePipeline
 from ._layout import Layout
 from ._pipeline import Batch, LayoutHolder, Pipeline, sample_error
@@ -25,6 +25,33 @@ from ._slots import SlotRing
 from ._stats import LoaderStats, RateLimitedLog, SkippedSample
 
 OnError = Literal["raise", "skip"]
+STATE_FORMAT = "asyncfeed.AsyncLoader"
+STATE_VERSION = 1
+
+
+def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world_size): given, else torch.distributed's, else RANK/WORLD_SIZE, else (0, 1)."""
+    if world_size is None:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            world_size = dist.get_world_size()
+            rank = dist.get_rank() if rank is None else rank
+        else:
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            if rank is None:
+                rank = int(os.environ.get("RANK", "0"))
+    rank = 0 if rank is None else rank
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+    return rank, world_size
+
+
+def _blank_taken(plan: Iterator[Any], base: int, taken: set[int]) -> Iterator[Any]:
+    """The plan with the batches already taken (out of order) replaced by empty ones."""
+    for k, item in enumerate(plan, start=base):
+        yield [] if k in taken else item
 
 
 def available_cores() -> int:
@@ -65,6 +92,13 @@ class AsyncLoader:
     - ``on_error``: ``"raise"`` raises :class:`SampleError` at the failing batch;
       ``"skip"`` fills the batch from the next samples and records each skipped
       sample in ``stats().skipped``.
+    - ``rank``/``world_size``: this process's share of the data (default: from
+      ``torch.distributed`` when initialised, else the ``RANK``/``WORLD_SIZE``
+      environment, else the whole data set).  Each rank gets exactly the samples
+      ``DistributedSampler(seed=seed or 0, drop_last=drop_last)`` gives it.
+
+    ``state_dict()``/``load_state_dict()`` resume mid-epoch exactly (see
+    ``docs/distributed.md``).
 
     Threads live for one pass: they start at ``iter()`` and stop when the pass
     ends, when its iterator is dropped (a ``break``), at ``close()``, at a new
@@ -83,7 +117,8 @@ class AsyncLoader:
                  pin_memory_device: str = "", in_order: bool = True,
                  num_threads: int | None = None, io_concurrency: int = 64,
                  prefetch: int | None = None, device: str | torch.device | int | None = None,
-                 seed: int | None = None, on_error: OnError = "raise") -> None:
+                 seed: int | None = None, on_error: OnError = "raise",
+                 rank: int | None = None, world_size: int | None = None) -> None:
         validate(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
@@ -115,8 +150,10 @@ class AsyncLoader:
         self.device = resolve_device(device)
         self.pin_memory = resolve_pin(pin_memory, self.device)
         self._iterable = is_iterable_dataset(dataset)
+        self.rank, self.world_size = resolve_ranks(rank, world_size)
         self._plan = IndexPlan(dataset, batch_size, bool(shuffle), sampler, batch_sampler,
-                               drop_last, generator, seed)
+                               drop_last, generator, seed, self.rank, self.world_size)
+        self._resume: dict[str, Any] | None = None
         auto = self._plan.auto_collation
         if collate_fn is None:
             collate_fn = default_collate if auto else default_convert
@@ -207,6 +244,8 @@ class AsyncLoader:
             runtime.close()
             raise
         it = _Iterator(self, pipeline, runtime)
+        if not self._iterable:
+            it._set_origin(self._pending_replay, self._pending_pos)
         self._current = weakref.ref(it)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_current, [self._current])
@@ -221,13 +260,108 @@ class AsyncLoader:
                                     drop_last=self.drop_last, collate=self._collate,
                                     runtime=runtime, prefetch=self.prefetch, copy=self._copy,
                                     pin_host=self.pin_memory, skip=self.on_error == "skip")
-        return Pipeline(dataset=self.dataset, plan=self._plan.start(self._epoch),
+        plan, replay = self._start_plan()
+        return Pipeline(dataset=self.dataset, plan=plan,
                         auto_collation=self._plan.auto_collation, collate=self._collate,
                         default_collate=self._layouts.enabled, layouts=self._layouts,
                         runtime=runtime, prefetch=self.prefetch,
                         io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
                         copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
                         batch_size=self.batch_size)
+
+    def _start_plan(self) -> tuple[Iterator[Any], dict[str, Any]]:
+        """The epoch's plan, fast-forwarded past what a loaded state had consumed."""
+        resume, self._resume = self._resume, None
+        self._pending_replay: dict[str, Any] = {}
+        self._pending_pos = {"base": 0, "offset": 0, "extra": [], "carry": []}
+        if resume is None:
+            plan, replay = self._plan.start(self._epoch)
+            self._pending_replay = replay
+            return plan, replay
+        taken = int(resume["batches_taken"])
+        if self._plan.sharded and resume["world_size"] != self.world_size:
+            if resume.get("taken_extra"):
+                raise StateError("an elastic resume (another world size) needs a state "
+                                 "taken with in_order=True")
+            offset = int(resume["offset"])
+            self._pending_pos = {"base": 0, "offset": offset, "extra": [],
+                                 "carry": list(resume.get("carry", []))}
+            self._pending_replay = {}
+            return self._plan.resharded(self._epoch, offset), {}
+        plan, replay = self._plan.start(self._epoch, resume.get("replay"))
+        for _ in range(taken):
+            next(plan, None)
+        extra = set(resume.get("taken_extra", []))
+        self._pending_replay = replay
+        self._pending_pos = {"base": taken, "offset": int(resume.get("offset", 0)),
+                             "extra": sorted(extra), "carry": list(resume.get("carry", []))}
+        if extra:
+            plan = _blank_taken(plan, taken, extra)
+        return plan, replay
+
+    # -------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: plain (JSON and ``torch.save``), small, versioned.
+
+        Taken after k batches were handed out, a fresh loader given this state
+        yields exactly the batches an uninterrupted run would yield after those
+        k, whatever was prefetched or in flight.  Between passes, it says which
+        epoch comes next.
+        """
+        if self._resume is not None:
+            return dict(self._resume)
+        it = self._current() if self._current is not None else None
+        base = {"format": STATE_FORMAT, "version": STATE_VERSION,
+                "dataset_len": self._dataset_len(), "batch_size": self.batch_size,
+                "drop_last": self.drop_last, "shuffle": self._plan.shuffle,
+                "seed": self.seed, "world_size": self.world_size, "rank": self.rank,
+                "epoch": self._epoch}
+        if it is None or it._done:
+            replay = {}
+            if self.generator is not None:
+                from ._plan import _gen_state_to_str
+                replay = {"generator_state": _gen_state_to_str(self.generator)}
+            return {**base, "in_pass": False, "batches_taken": 0, "taken_extra": [],
+                    "offset": 0, "carry": [], "replay": replay}
+        return {**base, **it._position()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next ``iter()`` continues where it was.
+
+        Raises :class:`StateError` for a state of another format or version, data
+        set length or batch size.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StateError("not an asyncfeed AsyncLoader state")
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"state version {state.get('version')} is not supported "
+                             f"(this asyncfeed writes version {STATE_VERSION})")
+        n = self._dataset_len()
+        if state.get("dataset_len") != n:
+            raise StateError(f"the state was taken on a data set of {state.get('dataset_len')} "
+                             f"samples; this one has {n}")
+        if state.get("batch_size") != self.batch_size:
+            raise StateError(f"the state was taken with batch_size={state.get('batch_size')}; "
+                             f"this loader has batch_size={self.batch_size}")
+        if self._iterable:
+            raise StateError("resuming an IterableDataset mid-stream is not supported")
+        self._close_current("a state was loaded")
+        self._epoch = int(state["epoch"])
+        self.set_epoch(self._epoch)
+        if not state.get("in_pass"):
+            replay = state.get("replay") or {}
+            if self.generator is not None and "generator_state" in replay:
+                from ._plan import _gen_state_from_str
+                self.generator.set_state(_gen_state_from_str(replay["generator_state"]))
+            self._resume = None
+            return
+        self._resume = dict(state)
+
+    def _dataset_len(self) -> int | None:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
 
     def _get_ring(self, layout: Layout, rows: int) -> SlotRing | None:
         """The pinned slot ring (CUDA only), made once the layout is known."""
@@ -300,6 +434,40 @@ class _Iterator:
         self._carry: list[tuple[Any, Any]] = []
         self._emitted = 0
         self._finalizer = weakref.finalize(self, _shutdown, pipeline, runtime)
+        self._replay: dict[str, Any] = {}
+        self._base = 0                       # plan batches consumed before this pass
+        self._offset0 = 0                    # sharded: global positions consumed before
+        self._taken_ids: set[int] = set()    # plan batches taken in this pass (ids from 0)
+        self._taken_samples = 0              # planned samples of the taken batches
+
+    def _set_origin(self, replay: dict[str, Any], pos: dict[str, Any]) -> None:
+        self._replay = replay
+        self._base = pos["base"]
+        self._offset0 = pos["offset"]
+        self._taken_ids = {k - self._base for k in pos["extra"]}
+        if pos["carry"]:
+            self._carry = self._reload(pos["carry"])
+
+    def _reload(self, indices: list[Any]) -> list[tuple[Any, Any]]:
+        """Load the samples a checkpoint had carried over (skip mode), here and now."""
+        out = []
+        for idx in indices:
+            try:
+                out.append((idx, self._loader.dataset[idx]))
+            except Exception as e:  # noqa: BLE001
+                if self._loader.on_error == "raise":
+                    raise sample_error(self._loader.dataset, idx, e, None)
+        return out
+
+    def _position(self) -> dict[str, Any]:
+        prefix = 0
+        while prefix in self._taken_ids:
+            prefix += 1
+        extra = sorted(self._base + k for k in self._taken_ids if k > prefix)
+        ws = self._loader.world_size
+        return {"in_pass": True, "batches_taken": self._base + prefix, "taken_extra": extra,
+                "offset": self._offset0 + self._taken_samples * ws,
+                "carry": [idx for idx, _ in self._carry], "replay": dict(self._replay)}
 
     def _start(self) -> None:
         self._p.top_up()
@@ -366,7 +534,8 @@ class _Iterator:
                 return self._deliver(b)
             loader._record_skips(b)
             self._carry.extend(b.good_samples_host)
-        target = p.sizes[self._emitted]
+        target = loader.batch_size if loader._plan.user_batch_sampler is None \
+            else p.sizes[min(self._emitted, len(p.sizes) - 1)]
         while len(self._carry) < target:
             try:
                 b = self._take(want_rows=True)
@@ -392,10 +561,17 @@ class _Iterator:
         copied out as ``b.good_samples_host`` before the batch's slot is reused.
         """
         loader, p = self._loader, self._p
-        k = p.taken if loader.in_order else None
-        b = p.wait(k, loader.timeout)
-        if b is None:
-            raise StopIteration
+        while True:
+            k = p.taken if loader.in_order else None
+            b = p.wait(k, loader.timeout)
+            if b is None:
+                raise StopIteration
+            self._taken_ids.add(b.k)
+            self._taken_samples += b.n
+            if b.n:
+                break
+            p.release(b)
+            p.top_up()
         # rows must be copied out of a pinned slot before the slot is reused
         if b.error is None and (want_rows or (b.failures and b.output is None)):
             b.good_samples_host = p.good_samples(b)

@@ -305,7 +305,9 @@ class Pipeline:
     def _finish(self, b: Batch) -> None:
         """Assemble the batch and start its copy (in the thread that completed it)."""
         try:
-            if b.error is None and not b.failures:
+            if b.n == 0:
+                pass  # a batch a resumed checkpoint had already taken
+            elif b.error is None and not b.failures:
                 if b.mode == "ring":
                     host = self.layouts.layout.assemble(b.bufs, b.n)
                 else:

@@ -9,7 +9,9 @@ moment DataLoader would.
 
 from __future__ import annotations
 
+import base64
 import itertools
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -53,13 +55,59 @@ def validate(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler
         raise ValueError(f"batch_size should be a positive integer value, got {batch_size!r}")
 
 
+def distributed_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int,
+                        world_size: int, drop_last: bool) -> list[int]:
+    """Exactly the indices ``DistributedSampler`` gives ``rank`` for ``epoch``."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(n, generator=g).tolist()
+    else:
+        order = list(range(n))
+    return shard(order, rank, world_size, drop_last)
+
+
+def shard(order: list[int], rank: int, world_size: int, drop_last: bool) -> list[int]:
+    """``DistributedSampler``'s split of ``order``: padded (repeating from the start)
+    or truncated to a multiple of ``world_size``, then every ``world_size``-th item."""
+    n = len(order)
+    if drop_last and n % world_size:
+        num = math.ceil((n - world_size) / world_size)
+    else:
+        num = math.ceil(n / world_size)
+    total = num * world_size
+    if not drop_last:
+        pad = total - n
+        if pad <= n:
+            order = order + order[:pad]
+        else:
+            order = order + (order * math.ceil(pad / max(n, 1)))[:pad]
+    else:
+        order = order[:total]
+    return order[rank:total:world_size]
+
+
+def _gen_state_to_str(g: torch.Generator) -> str:
+    return base64.b64encode(bytes(g.get_state().tolist())).decode("ascii")
+
+
+def _gen_state_from_str(s: str) -> torch.Tensor:
+    return torch.tensor(list(base64.b64decode(s)), dtype=torch.uint8)
+
+
 class IndexPlan:
     """Builds, per epoch, the iterator of batches of indices (lists), or of single
-    indices when auto-batching is off (``batch_size=None``)."""
+    indices when auto-batching is off (``batch_size=None``).
+
+    ``start`` also returns the *replay* record of the epoch: what is needed to
+    rebuild exactly the same plan in another process (a sampler seed, or the
+    generator's state before the epoch), so a checkpoint can skip the batches
+    already consumed and redo the rest.
+    """
 
     def __init__(self, dataset: Any, batch_size: int | None, shuffle: bool, sampler: Any,
                  batch_sampler: Any, drop_last: bool, generator: torch.Generator | None,
-                 seed: int | None) -> None:
+                 seed: int | None, rank: int = 0, world_size: int = 1) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
@@ -68,35 +116,79 @@ class IndexPlan:
         self.user_batch_sampler = batch_sampler
         self.generator = generator
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self.auto_collation = batch_sampler is not None or batch_size is not None
+        self.sharded = world_size > 1 and sampler is None and batch_sampler is None
 
-    def _sampler(self, epoch: int) -> Sampler | Iterable[int]:
+    def _sampler(self, epoch: int, sampler_seed: int | None = None) -> Sampler | Iterable[int]:
         if self.user_sampler is not None:
             return self.user_sampler
+        if self.sharded:
+            return distributed_indices(len(self.dataset), epoch, self.seed or 0, self.shuffle,
+                                       self.rank, self.world_size, self.drop_last)
         if not self.shuffle:
             return SequentialSampler(self.dataset)
         if self.generator is None and self.seed is not None:
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)
             return RandomSampler(self.dataset, generator=g)
+        if self.generator is None and sampler_seed is not None:
+            g = torch.Generator()
+            g.manual_seed(sampler_seed)
+            return RandomSampler(self.dataset, generator=g)
         return RandomSampler(self.dataset, generator=self.generator)
 
-    def index_sampler(self, epoch: int) -> Iterable[Any]:
+    def index_sampler(self, epoch: int, sampler_seed: int | None = None) -> Iterable[Any]:
         """DataLoader's ``_index_sampler`` for this epoch."""
         if self.user_batch_sampler is not None:
             return self.user_batch_sampler
-        sampler = self._sampler(epoch)
+        sampler = self._sampler(epoch, sampler_seed)
         if self.batch_size is None:
             return sampler
         return BatchSampler(sampler, self.batch_size, self.drop_last)
 
-    def start(self, epoch: int) -> Iterator[Any]:
-        """The epoch's batches, consuming the generator exactly as DataLoader's iter() does."""
+    def start(self, epoch: int, replay: dict[str, Any] | None = None
+              ) -> tuple[Iterator[Any], dict[str, Any]]:
+        """The epoch's batches, consuming RNG exactly as DataLoader's ``iter()`` does,
+        and the epoch's replay record.  With ``replay`` (from an earlier ``start``),
+        the same plan again."""
+        replay = dict(replay or {})
+        if self.generator is not None:
+            if "generator_state" in replay:
+                self.generator.set_state(_gen_state_from_str(replay["generator_state"]))
+            replay = {"generator_state": _gen_state_to_str(self.generator)}
+        global_shuffle = (self.shuffle and self.user_sampler is None and not self.sharded
+                          and self.generator is None and self.seed is None)
+        if global_shuffle:
+            # DataLoader: iter(sampler), base seed drawn, then RandomSampler draws its
+            # seed from the global RNG.  Same draws, but the seed is kept for replay.
+            torch.empty((), dtype=torch.int64).random_()
+            if "sampler_seed" not in replay:
+                replay["sampler_seed"] = int(torch.empty((), dtype=torch.int64).random_().item())
+            it = iter(self.index_sampler(epoch, replay["sampler_seed"]))
+            return it, replay
         it = iter(self.index_sampler(epoch))
-        # DataLoader draws its workers' base seed right after iter(sampler): keep the
-        # generator's stream in step with it.
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-        return it
+        return it, replay
+
+    def resharded(self, epoch: int, offset: int) -> Iterator[Any]:
+        """This rank's batches for the rest of a sharded epoch of which the first
+        ``offset`` positions of the global order were consumed (under any world
+        size): the rest of the epoch split across the current ranks, each sample
+        once, padded as ``DistributedSampler`` pads."""
+        n = len(self.dataset)
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed((self.seed or 0) + epoch)
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        rest = order[min(offset, n):]
+        mine = shard(rest, self.rank, self.world_size, self.drop_last) if rest else []
+        if self.batch_size is None:
+            return iter(mine)
+        return iter(BatchSampler(mine, self.batch_size, self.drop_last))
 
     def __len__(self) -> int:
         return len(self.index_sampler(0))  # type: ignore[arg-type]
