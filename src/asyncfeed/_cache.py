@@ -48,7 +48,11 @@ class CacheStats:
 
 
 class MemoryCache:
-    """Raw bytes in RAM, least recently used evicted beyond ``max_bytes`` (None: no limit)."""
+    """Raw bytes in RAM, least recently used evicted beyond ``max_bytes`` (None: no limit).
+
+    A pickled copy (a DataLoader worker's) starts empty: shipping the cached bytes
+    to every worker would cost more than reading them again.
+    """
 
     def __init__(self, max_bytes: int | None = None) -> None:
         if max_bytes is not None and max_bytes < 0:
@@ -58,6 +62,13 @@ class MemoryCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._stats = CacheStats()
+
+    # -- pickling (worker processes): the copy starts empty, same budget ------------
+    def __getstate__(self) -> dict:
+        return {"max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["max_bytes"])
 
     def get(self, key: str, size: int | None = None) -> bytes | None:
         """The cached bytes of ``key`` or None; ``size``, when known, must match."""

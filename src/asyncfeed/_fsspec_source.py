@@ -377,9 +377,7 @@ class FsspecSource:
         state = self.__dict__.copy()
         for k in ("_lock", "_conns", "_rng"):
             state.pop(k, None)
-        if self.memory_cache is not None:
-            state["memory_cache"] = MemoryCache(self.memory_cache.max_bytes)
-        return state
+        return state  # the caches pickle as their settings (a memory cache starts empty)
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
