@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ._errors import SampleError
-from ._image import Interpolation, decode_image
+from ._image import Interpolation, check_interpolation, check_size, decode_image
 from ._local_source import LocalSource
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -48,14 +48,12 @@ class ImageFolder:
                  extensions: tuple[str, ...] = IMG_EXTENSIONS,
                  interpolation: Interpolation = "area", io: IOMode = "auto",
                  source: Any = None, **source_options: Any) -> None:
-        if size is not None and (not isinstance(size, int) or size <= 0):
-            raise ValueError(f"size must be a positive int or None, got {size!r}")
-        if interpolation not in ("area", "linear"):
-            raise ValueError(f"interpolation must be 'area' or 'linear', got {interpolation!r}")
+        check_size(size)
+        check_interpolation(interpolation)
         if io not in ("auto", "thread", "async"):
             raise ValueError(f"io must be 'auto', 'thread' or 'async', got {io!r}")
         self.root = os.fspath(root)
-        self.size = size
+        self.size = None if size is None else int(size)
         self.interpolation: Interpolation = interpolation
         self.extensions = tuple(e.lower() for e in extensions)
         if source is None:

@@ -11,6 +11,7 @@ Everything heavy releases the GIL.
 from __future__ import annotations
 
 import io
+import numbers
 from typing import Literal
 
 import cv2
@@ -93,9 +94,28 @@ def resize_center_crop(rgb: np.ndarray, size: int, out: np.ndarray | None = None
     return out
 
 
+def check_size(size: object, allow_none: bool = True) -> None:
+    """Raise ValueError unless ``size`` is a positive int (or None when allowed)."""
+    if size is None and allow_none:
+        return
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size <= 0:
+        raise ValueError(f"size must be a positive int{' or None' if allow_none else ''}, "
+                         f"got {size!r}")
+
+
+def check_interpolation(interpolation: object) -> None:
+    if interpolation not in ("area", "linear"):
+        raise ValueError(f"interpolation must be 'area' or 'linear', got {interpolation!r}")
+
+
 def decode_image(raw: bytes, size: int | None, out: np.ndarray | None = None,
                  interpolation: Interpolation = "area") -> np.ndarray:
-    """Bytes of an image file to ``uint8`` CHW RGB: ``[3, size, size]``, or full size if None."""
+    """Bytes of an image file to ``uint8`` CHW RGB: ``[3, size, size]``, or full size if None.
+
+    Raises ValueError for a bad ``size``/``interpolation`` or undecodable data.
+    """
+    check_size(size)
+    check_interpolation(interpolation)
     if size is None:
         rgb = decode_rgb(raw)
         if out is None:

@@ -279,7 +279,10 @@ class AsyncLoader:
             self._pending_replay = replay
             return plan, replay
         taken = int(resume["batches_taken"])
-        if self._plan.sharded and resume["world_size"] != self.world_size:
+        if resume["world_size"] != self.world_size:
+            if self._plan.user_sampler is not None or self._plan.user_batch_sampler is not None:
+                raise StateError("resuming with another world size needs the loader's own "
+                                 "sharding (no custom sampler)")
             if resume.get("taken_extra"):
                 raise StateError("an elastic resume (another world size) needs a state "
                                  "taken with in_order=True")
