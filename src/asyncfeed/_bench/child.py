@@ -1,0 +1,209 @@
+"""One measured run, executed in a fresh process forked by the fork server.
+
+The run process builds its data set, stops itself (``SIGSTOP``) so the
+benchmark can read the memory of the process tree at rest, builds the loader,
+consumes one epoch (or only its first batch, or with a simulated training step
+after each batch), stops itself again at the end of the epoch, while every
+worker is still alive, for the memory reading, then closes the loader and
+reports.  CPU time is the process's own plus that of every child it reaped
+(DataLoader workers are joined on close), measured from just before the
+loader is built to just after it is closed.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from . import contenders
+from .limit import run_limit
+from .workloads import build_dataset
+
+
+def _cpu() -> tuple[float, float]:
+    t = os.times()
+    return t.user + t.children_user, t.system + t.children_system
+
+
+def _pause(label: str, marks: list[dict]) -> None:
+    """Let the parent read memory now: it resumes us (SIGCONT) when done."""
+    marks.append({"label": label, "t": time.perf_counter()})
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _images(batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return next(iter(batch.values()))
+    if isinstance(batch, (list, tuple)):
+        return batch[0]
+    return batch
+
+
+def execute(spec: dict) -> dict:
+    """Run ``spec`` (a dict from the runner) and return its figures."""
+    mode = spec["mode"]
+    dataset, order = build_dataset(spec["dataset"])
+    if mode == "limit":
+        return run_limit(dataset, order, spec["procs"])
+    family, knob = spec["family"], spec.get("knob")
+    if family in ("torchdata", "spdl"):  # import outside the measured window
+        __import__(contenders.REQUIRES[family])
+    gc.collect()
+    marks: list[dict] = []
+    if spec.get("pause", True):
+        _pause("ready", marks)
+    device = spec.get("device", "cpu")
+    bs = spec["batch_size"]
+    step_s = spec.get("step_s") or 0.0
+    expect = (len(order) if mode != "ttfb" else min(bs, len(order)))
+    threads_before = threading.active_count()
+
+    cpu0 = _cpu()
+    t0 = time.perf_counter()
+    handle = contenders.open_loader(family, knob, dataset, order, bs, device=device,
+                                    context=spec.get("context"), seed=spec.get("seed", 0))
+    t_built = time.perf_counter()
+    info = {**handle_info(family, knob, spec), **(handle.info or {})}
+    resolved = getattr(handle.iterable, "num_threads", None)
+    if isinstance(resolved, int):
+        info["resolved_threads"] = resolved
+    arrivals: list[float] = []
+    sizes: list[int] = []
+    waits: list[float] = []
+    samples = 0
+    shape = None
+    it = iter(handle)
+    try:
+        while True:
+            w0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            now = time.perf_counter()
+            images = _images(batch)
+            if device.startswith("cuda") and not family.startswith("asyncfeed"):
+                images = images.to(device, non_blocking=True)
+            n = int(images.shape[0])
+            if shape is None:
+                shape = [int(s) for s in images.shape[1:]] + [str(images.dtype)]
+            samples += n
+            arrivals.append(now - t0)
+            sizes.append(n)
+            waits.append(now - w0)
+            del batch, images
+            if mode == "ttfb" and samples >= expect:
+                break
+            if step_s:
+                time.sleep(step_s)  # the simulated training step (releases the GIL)
+        if device.startswith("cuda"):
+            import torch
+            torch.cuda.synchronize()
+        t_last = time.perf_counter()
+        if spec.get("pause", True):
+            _pause("end", marks)  # every worker is still alive here
+        t_resume = time.perf_counter()
+        stats = None
+        if handle.stats is not None:
+            try:
+                stats = _plain(handle.stats())
+            except Exception as e:  # noqa: BLE001 - stats are a bonus, not the measurement
+                stats = {"error": repr(e)}
+    finally:
+        closing = time.perf_counter()
+        if hasattr(it, "close"):
+            try:
+                it.close()
+            except Exception:  # noqa: BLE001
+                pass
+        del it
+        handle.close()
+        del handle
+        gc.collect()
+    t_closed = time.perf_counter()
+    cpu1 = _cpu()
+    pause_s = t_resume - t_last
+
+    if samples != expect:
+        raise RuntimeError(f"{family} knob={knob} delivered {samples} samples, expected {expect}")
+    warm = max(1, len(arrivals) // 10)
+    steady_rate = _slope(arrivals[warm:], sizes[warm:]) if mode != "ttfb" else None
+    elapsed = arrivals[-1] if arrivals else None
+    cpu_user = cpu1[0] - cpu0[0]
+    cpu_sys = cpu1[1] - cpu0[1]
+    out: dict[str, Any] = {
+        "samples": samples,
+        "batches": len(arrivals),
+        "sample_shape": shape,
+        "build_s": t_built - t0,
+        "ttfb_s": arrivals[0] if arrivals else None,
+        "elapsed_s": elapsed,
+        "close_s": t_closed - closing,
+        "total_s": (t_closed - t0) - pause_s,
+        "rate": (samples / elapsed) if elapsed else None,  # the epoch, from building the loader
+        "steady_rate": steady_rate,
+        "warmup_batches": warm,
+        "cpu_user_s": cpu_user,
+        "cpu_sys_s": cpu_sys,
+        "cpu_s": cpu_user + cpu_sys,
+        "cpu_per_sample_ms": (cpu_user + cpu_sys) / samples * 1e3 if samples else None,
+        "process_cpu_s": cpu1[0] + cpu1[1],
+        "arrivals_s": [round(a, 5) for a in arrivals],
+        "batch_waits_s": [round(w, 5) for w in waits],
+        "threads_before": threads_before,
+        "threads_after_close": threading.active_count(),
+        "loader_info": info,
+        "loader_stats": stats,
+        "marks": marks,
+    }
+    if step_s:
+        wait_after = sum(waits[1:])
+        steps = step_s * max(0, len(waits) - 1)
+        out["step_s"] = step_s
+        out["wait_s"] = wait_after
+        out["wait_fraction"] = wait_after / (wait_after + steps) if (wait_after + steps) else None
+    return out
+
+
+def _slope(times: list[float], sizes: list[int]) -> float | None:
+    """Least-squares samples/s through (arrival time, samples so far): the steady rate,
+    less sensitive than a two-point difference to batches arriving in bursts."""
+    if len(times) < 3:
+        return None
+    cum, total = [], 0
+    for n in sizes:
+        total += n
+        cum.append(total)
+    mt, mc = sum(times) / len(times), sum(cum) / len(cum)
+    var = sum((t - mt) ** 2 for t in times)
+    if var <= 0:
+        return None
+    return sum((t - mt) * (c - mc) for t, c in zip(times, cum)) / var
+
+
+def handle_info(family: str, knob: int | None, spec: dict) -> dict:
+    return {"family": family, "knob": knob, "context": spec.get("context"),
+            "device": spec.get("device", "cpu")}
+
+
+def _plain(obj: Any, depth: int = 0) -> Any:
+    """A JSON-able copy of a stats object (dataclass, dict, namedtuple, plain values)."""
+    if depth > 4:
+        return repr(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _plain(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v, depth + 1) for v in obj[:50]]
+    if hasattr(obj, "_asdict"):
+        return _plain(obj._asdict(), depth + 1)
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: _plain(getattr(obj, k), depth + 1) for k in obj.__dataclass_fields__}
+    if hasattr(obj, "__dict__"):
+        return {k: _plain(v, depth + 1) for k, v in vars(obj).items() if not k.startswith("_")}
+    return repr(obj)

@@ -1,0 +1,132 @@
+"""The benchmark's outputs: terminal tables and the JSON document."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from . import contenders
+from .workloads import WORKLOADS
+
+MB = 2**20
+
+
+def _fmt(v: Any, spec: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if spec == "mb":
+        return f"{v / MB:,.0f}"
+    if spec == "pct":
+        return f"{100 * v:.0f}%"
+    if spec == "x":
+        return f"{v:.2f}x"
+    return format(v, spec)
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])
+                         for i, c in enumerate(cells)).rstrip()
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def _name(row: dict) -> str:
+    name = row["label"]
+    if row.get("role") == "default":
+        name += " *"
+    if row["ok_runs"] < row["runs"]:
+        name += f" [{row['runs'] - row['ok_runs']} failed]"
+    return name
+
+
+def _ds_tag(row: dict) -> str:
+    return {"folder": "folder", "ram": "in-RAM", "gil": "folder+py"}.get(row["dataset"], "")
+
+
+def render(results: dict) -> str:
+    """The human-readable report (what the terminal shows at the end)."""
+    m, s, summ = results["machine"], results["settings"], results["summary"]
+    parts = []
+    gpu = m.get("gpu") or "no GPU"
+    parts.append(
+        f"asyncfeed bench: {m.get('cores_usable')} cores ({m.get('cpu_model', '?')}), "
+        f"{m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']}, torch {m['torch']}, {gpu}")
+    data = results.get("data", {})
+    desc = (f"synthetic set: {data.get('n_images')} JPEGs, mean {data.get('mean_bytes', 0) / 1e3:.0f}"
+            f" KB, mean {data.get('mean_width', 0):.0f}x{data.get('mean_height', 0):.0f}"
+            if s["synthetic"] else f"data: {s['root']}")
+    parts.append(f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {s['repeats']} "
+                 f"round(s), figures are medians; {desc}")
+    parts.append("* = the loader's defaults (no tuning).  samples/s: the whole epoch, from "
+                 "building the loader to the last batch; CPU: every process of the run.")
+
+    if "a" in summ:
+        rows = []
+        for r in summ["a"]:
+            rows.append([_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
+                         _fmt(r.get("cpu_per_sample_ms"), ".2f"), _fmt(r.get("cpu_vs_w2"), ".2f"),
+                         _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("ttfb_s"), ".3f")])
+        parts.append(f"\n(a) {WORKLOADS['a']}: {s['samples']} samples per run")
+        parts.append(table(["contender", "samples/s", "x limit", "CPU ms/sample",
+                            "x w=2 CPU", "peak PSS MB", "1st batch s"], rows))
+    if summ.get("step"):
+        step_ms = (results.get("step_s") or 0) * 1e3
+        rows = [[_name(r), _fmt(r.get("wait_fraction"), "pct"), _fmt(r.get("rate"), ",.0f")]
+                for r in summ["step"]]
+        parts.append(f"\n(a) with a simulated training step of {step_ms:.1f} ms per batch "
+                     f"(a model that takes {s['step_load']:.0%} of the limit's rate); "
+                     "roles: best / reference w=cores / default")
+        parts.append(table(["contender", "step time waiting", "samples/s"], rows))
+    if "b" in summ:
+        rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
+                 _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("memory_vs_w0"), ".2f"),
+                 _fmt(r.get("peak_rss_sum_bytes"), "mb")]
+                for r in summ["b"]]
+        parts.append(f"\n(b) {WORKLOADS['b']}: {s['samples_ram']} samples, "
+                     f"{s['ram_mb']:.0f} MB of Python objects + the JPEG bytes")
+        parts.append(table(["contender", "samples/s", "x limit", "peak PSS MB", "x w=0 mem",
+                            "RSS sum MB"], rows))
+    if "c" in summ:
+        rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
+                 _fmt(r.get("cpu_per_sample_ms"), ".2f")] for r in summ["c"]]
+        parts.append(f"\n(c) {WORKLOADS['c']}: {s['samples_gil']} samples per run")
+        parts.append(table(["contender", "samples/s", "x limit", "CPU ms/sample"], rows))
+    if "d" in summ:
+        rows = [[_name(r),
+                 _ds_tag(r), _fmt(r.get("ttfb_s"), ".3f"), _fmt(r.get("ttfb_vs_fork"), ".2f"),
+                 _fmt(r.get("ttfb_vs_spawn"), ".3f"), _fmt(r.get("close_s"), ".2f")]
+                for r in summ["d"]]
+        parts.append(f"\n(d) {WORKLOADS['d']}: from building the loader to holding batch 1")
+        parts.append(table(["contender", "data", "1st batch s", "x fork", "x spawn",
+                            "close s"], rows))
+    tuning = results.get("tuning", {})
+    for wl, fams in tuning.items():
+        bits = []
+        for fam, t in fams.items():
+            k = t.get("knee")
+            if k:
+                bits.append(f"{contenders.label(fam, k['knob'])} ({k['rate']:,.0f}/s)")
+        if bits:
+            parts.append(f"\nknee ({wl}, first setting within 5% of its best): " + "; ".join(bits))
+    if results.get("skipped"):
+        parts.append("\nskipped:")
+        for fam, why in results["skipped"].items():
+            parts.append(f"  {contenders.FAMILIES.get(fam, fam)}: {why}")
+    loads = [r.get("other_load") for rows in summ.values() for r in rows
+             if r.get("other_load") is not None]
+    if loads and max(loads) > 0.10:
+        parts.append(f"\nwarning: other processes used up to {max(loads):.0%} of the machine "
+                     "during some runs; figures from a busy machine are noisy.")
+    if results.get("elapsed_s"):
+        parts.append(f"\ntotal time {results['elapsed_s']:.0f} s")
+    return "\n".join(parts)
+
+
+def write_json(results: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)

@@ -1,0 +1,438 @@
+"""What to run, in which order, and the medians of what came back.
+
+Runs are grouped by workload; within a workload every configuration is run
+once per round and the rounds repeat (A B C A B C ...), so slow drifts of the
+machine (other load, thermal state) fall on every contender alike.  Figures
+are the median over the rounds.  Each run is a fresh process forked from the
+fork server (:mod:`.server`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from . import contenders
+from .client import RunServer, ServerError
+from .tuning import knee
+
+_FIGURES = ("steady_rate", "rate", "cpu_per_sample_ms", "peak_pss_bytes", "peak_rss_sum_bytes",
+            "ttfb_s", "wait_fraction", "other_load", "close_s", "build_s")
+
+
+@dataclass
+class Settings:
+    """Everything a benchmark run depends on (recorded in the JSON)."""
+
+    root: str
+    synthetic: bool
+    size: int = 224
+    batch_size: int = 32
+    workloads: tuple[str, ...] = ("a", "b", "c", "d")
+    families: tuple[str, ...] = tuple(contenders.FAMILIES)
+    repeats: int = 3
+    samples: int = 640          # per run, workload a
+    samples_ram: int = 512      # workload b
+    samples_gil: int = 320      # workload c
+    workers: tuple[int, ...] = (0, 1, 2, 4)
+    threads: tuple[int, ...] = (1, 2, 4)
+    cores: int = 2
+    ram_mb: float = 192.0       # Python objects held by workload b's data set
+    step_load: float = 0.85     # simulated step consumes data at this fraction of the limit
+    device: str = "cpu"
+    timeout: float = 300.0
+    seed: int = 0
+    quick: bool = False
+    interpolation: str = "area"
+    ttfb_workers: int = 2
+    pss_interval: float = 1.0
+    sweep_asyncfeed: bool = True  # False: asyncfeed only at its defaults (--quick)
+    single_limit: bool = True     # also the one-process limit (a, c)
+
+
+@dataclass
+class Config:
+    """One thing to measure: a contender (or the limit) on a workload, in one mode."""
+
+    workload: str
+    family: str                      # a contender family, or "limit"
+    knob: int | None
+    mode: str = "throughput"         # throughput | step | ttfb | limit
+    context: str | None = None       # DataLoader start method
+    dataset: str = "folder"          # folder | ram | gil
+    role: str = "sweep"              # sweep | default | best | reference | limit
+    runs: list[dict] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return (f"{self.workload}/{self.dataset}/{self.mode}/{self.family}/"
+                f"{'default' if self.knob is None else self.knob}/{self.context or '-'}")
+
+    @property
+    def label(self) -> str:
+        if self.family == "limit":
+            return f"limit, {self.knob} proc{'s' if self.knob != 1 else ''} (no loader)"
+        return contenders.label(self.family, self.knob, self.context)
+
+
+def default_threads(cores: int) -> tuple[int, ...]:
+    out = {1, 2, cores, 2 * cores}
+    out.update(range(4, 2 * cores + 1, 4))
+    return tuple(sorted(k for k in out if 1 <= k <= max(2, 2 * cores)))
+
+
+def default_workers(cores: int) -> tuple[int, ...]:
+    return (0,) + default_threads(cores)
+
+
+class Bench:
+    """Plans and runs the benchmark; ``results()`` gives everything for the report."""
+
+    def __init__(self, settings: Settings, *, progress: Any = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.s = settings
+        self.progress = progress
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.skipped: dict[str, str] = {}
+        self.available: list[str] = []
+        for fam in settings.families:
+            why = contenders.availability(fam)
+            if why is None:
+                self.available.append(fam)
+            else:
+                self.skipped[fam] = why
+        self.configs: dict[str, list[Config]] = {}
+        self.step_s: float | None = None
+        self.started = time.time()
+        self.elapsed_s: float | None = None
+
+    # -- planning -------------------------------------------------------------------
+    def _has(self, fam: str) -> bool:
+        return fam in self.available
+
+    def _sweep(self, workload: str, dataset: str, families: list[str],
+               *, defaults: bool = True) -> list[Config]:
+        s = self.s
+        out: list[Config] = []
+        for fam in families:
+            if not self._has(fam):
+                continue
+            if fam == "dataloader":
+                out += [Config(workload, fam, w, dataset=dataset) for w in s.workers]
+                continue
+            if fam in contenders.ASYNCFEED_FAMILIES:
+                if defaults:
+                    out.append(Config(workload, fam, None, dataset=dataset, role="default"))
+                if not s.sweep_asyncfeed:
+                    continue
+            out += [Config(workload, fam, t, dataset=dataset) for t in s.threads]
+        return out
+
+    def _limits(self, workload: str, dataset: str) -> list[Config]:
+        procs = sorted({1, self.s.cores} if self.s.single_limit else {self.s.cores})
+        return [Config(workload, "limit", p, mode="limit", dataset=dataset, role="limit")
+                for p in procs]
+
+    def plan(self) -> None:
+        s = self.s
+        w = set(s.workloads)
+        if "a" in w:
+            self.configs["a"] = self._limits("a", "folder") + self._sweep(
+                "a", "folder", ["dataloader", "torchdata", "spdl", "asyncfeed",
+                                "asyncfeed-async", "asyncfeed-map"])
+            self.configs["step"] = []  # filled once (a) has told which setting is best
+        if "b" in w:
+            cfgs = [Config("b", "limit", s.cores, mode="limit", dataset="ram", role="limit")]
+            cfgs += [Config("b", "dataloader", k, dataset="ram", role="reference" if k == 0
+                            else "sweep")
+                     for k in sorted({0, s.cores, 2 * s.cores} if not s.quick else {0, s.cores})
+                     if self._has("dataloader")]
+            cfgs += [Config("b", f, s.cores, dataset="ram") for f in ("torchdata", "spdl")
+                     if self._has(f)]
+            if self._has("asyncfeed-map"):
+                cfgs.append(Config("b", "asyncfeed-map", None, dataset="ram", role="default"))
+            self.configs["b"] = cfgs
+        if "c" in w:
+            self.configs["c"] = self._limits("c", "gil") + self._sweep(
+                "c", "gil", ["dataloader", "torchdata", "spdl", "asyncfeed"])
+        if "d" in w:
+            cfgs = []
+            k = s.ttfb_workers
+            for ds in (("folder", "ram") if not s.quick else ("folder",)):
+                if self._has("dataloader"):
+                    cfgs += [Config("d", "dataloader", k, mode="ttfb", context=ctx, dataset=ds,
+                                    role="reference") for ctx in ("fork", "spawn")]
+                fams = (["asyncfeed", "asyncfeed-async", "torchdata", "spdl"] if ds == "folder"
+                        else ["asyncfeed-map"])
+                for f in fams:
+                    if self._has(f):
+                        knob = None if f in contenders.ASYNCFEED_FAMILIES else s.cores
+                        cfgs.append(Config("d", f, knob, mode="ttfb", dataset=ds,
+                                           role="default" if knob is None else "sweep"))
+            self.configs["d"] = cfgs
+
+    def n_runs(self) -> int:
+        n = sum(len(c) for c in self.configs.values()) * self.s.repeats
+        if "step" in self.configs:
+            n += self.s.repeats * (len(self._step_families()) + 1)
+        return n
+
+    def _step_families(self) -> list[str]:
+        return [f for f in ("dataloader", "torchdata", "spdl", "asyncfeed", "asyncfeed-async",
+                            "asyncfeed-map") if self._has(f)]
+
+    # -- running --------------------------------------------------------------------
+    def _spec(self, cfg: Config) -> dict:
+        s = self.s
+        samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil}[cfg.dataset]
+        ds: dict[str, Any] = {"kind": cfg.dataset, "root": s.root, "size": s.size,
+                              "samples": samples, "seed": s.seed,
+                              "interpolation": s.interpolation,
+                              "io": "async" if cfg.family == "asyncfeed-async" else "thread"}
+        if cfg.dataset == "ram":
+            ds["floats_per_sample"] = max(1, int(s.ram_mb * 2**20 / max(1, samples) / 32))
+        spec = {"dataset": ds, "family": cfg.family, "knob": cfg.knob, "mode": cfg.mode,
+                "batch_size": s.batch_size, "device": s.device, "seed": s.seed,
+                "context": cfg.context}
+        if cfg.mode == "limit":
+            spec["procs"] = cfg.knob
+        if cfg.mode == "step":
+            spec["step_s"] = self.step_s
+        return spec
+
+    def _run_one(self, server: RunServer, cfg: Config, rnd: int) -> RunServer:
+        if self.progress is not None:
+            self.progress.set_postfix_str(f"({cfg.workload}) {cfg.label} #{rnd + 1}", refresh=True)
+        t0 = time.time()
+        pss_interval = 0.25 if cfg.workload == "b" else self.s.pss_interval
+        try:
+            res = server.run(self._spec(cfg), timeout=self.s.timeout, pss_interval=pss_interval)
+        except (ServerError, TimeoutError, OSError, ValueError) as e:
+            res = {"ok": False, "error": f"fork server failed: {type(e).__name__}: {e}"}
+            server.close()
+            server = RunServer(server.workdir)
+        res["round"] = rnd
+        res["started_unix"] = t0
+        cfg.runs.append(res)
+        if not res.get("ok"):
+            self.log(f"  {cfg.workload}: {cfg.label} run {rnd + 1} failed: {res.get('error')}")
+        if self.progress is not None:
+            self.progress.update(1)
+        return server
+
+    def _rounds(self, server: RunServer, cfgs: list[Config]) -> RunServer:
+        for rnd in range(self.s.repeats):
+            for cfg in cfgs:
+                server = self._run_one(server, cfg, rnd)
+        return server
+
+    def run(self) -> None:
+        self.plan()
+        with tempfile.TemporaryDirectory(prefix="asyncfeed-bench-") as work:
+            server = RunServer(work)
+            try:
+                for wl in ("a", "step", "b", "c", "d"):
+                    if wl not in self.configs:
+                        continue
+                    if wl == "step":
+                        self._plan_step()
+                    server = self._rounds(server, self.configs[wl])
+            finally:
+                server.close()
+        self.elapsed_s = time.time() - self.started
+
+    def _plan_step(self) -> None:
+        limit = self.limit_rate("a")
+        if not limit:
+            self.log("  no limit figure for (a): the training-step simulation is skipped")
+            if self.progress is not None:
+                self.progress.total = max(0, self.progress.total - self.s.repeats
+                                          * (len(self._step_families()) + 1))
+            return
+        self.step_s = self.s.batch_size / (self.s.step_load * limit)
+        cfgs: list[Config] = []
+        by_key: set[tuple] = set()
+        for fam in self._step_families():
+            rows = [c for c in self.configs["a"] if c.family == fam and c.mode == "throughput"]
+            best = _best(rows)
+            picks = [(best, "best")] if best is not None else []
+            if fam == "dataloader":
+                ref = next((c for c in rows if c.knob == self.s.cores), None)
+                if ref is not None:
+                    picks.append((ref, "reference"))
+            if fam in contenders.ASYNCFEED_FAMILIES:
+                dflt = next((c for c in rows if c.knob is None), None)
+                if dflt is not None:
+                    picks.append((dflt, "default"))
+            for c, role in picks:
+                k = (fam, c.knob)
+                if k in by_key:
+                    continue
+                by_key.add(k)
+                cfgs.append(Config("step", fam, c.knob, mode="step", dataset="folder", role=role))
+        planned = self.s.repeats * (len(self._step_families()) + 1)
+        if self.progress is not None:
+            self.progress.total += self.s.repeats * len(cfgs) - planned
+            self.progress.refresh()
+        self.configs["step"] = cfgs
+
+    # -- summaries ------------------------------------------------------------------
+    def limit_rate(self, workload: str) -> float | None:
+        for c in self.configs.get(workload, []):
+            if c.family == "limit" and c.knob == self.s.cores:
+                return summarize(c).get("rate")
+        return None
+
+    def summaries(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for wl, cfgs in self.configs.items():
+            limit = self.limit_rate("a" if wl == "step" else wl)
+            rows = []
+            for c in cfgs:
+                row = summarize(c)
+                if limit and row.get("rate") and c.mode in ("throughput", "limit"):
+                    row["vs_limit"] = row["rate"] / limit
+                rows.append(row)
+            _relative(wl, rows)
+            out[wl] = rows
+        return out
+
+    def knees(self) -> dict[str, dict[str, dict]]:
+        """Per workload and family: the sweep and its knee (see :func:`.tuning.knee`)."""
+        out: dict[str, dict[str, dict]] = {}
+        for wl in ("a", "c"):
+            fams: dict[str, dict] = {}
+            for fam in contenders.FAMILIES:
+                pts = [(c.knob, summarize(c).get("rate")) for c in self.configs.get(wl, [])
+                       if c.family == fam and c.knob is not None and c.mode == "throughput"]
+                pts = [(k, r) for k, r in pts if r]
+                if not pts:
+                    continue
+                dflt = [summarize(c).get("rate") for c in self.configs.get(wl, [])
+                        if c.family == fam and c.knob is None]
+                fams[fam] = {"points": sorted(pts), "knee": knee(sorted(pts)),
+                             "default_rate": dflt[0] if dflt else None}
+            if fams:
+                out[wl] = fams
+        return out
+
+    def results(self) -> dict:
+        return {
+            "settings": asdict(self.s),
+            "skipped": self.skipped,
+            "available": self.available,
+            "step_s": self.step_s,
+            "elapsed_s": self.elapsed_s,
+            "summary": self.summaries(),
+            "tuning": self.knees(),
+            "runs": {wl: [{"key": c.key, "label": c.label, "workload": c.workload,
+                           "family": c.family, "knob": c.knob, "mode": c.mode,
+                           "context": c.context, "dataset": c.dataset, "role": c.role,
+                           "runs": c.runs} for c in cfgs]
+                     for wl, cfgs in self.configs.items()},
+        }
+
+
+def _median(vals: list[float]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(cfg: Config) -> dict:
+    ok = [r for r in cfg.runs if r.get("ok")]
+    row: dict[str, Any] = {"key": cfg.key, "label": cfg.label, "family": cfg.family,
+                           "knob": cfg.knob, "mode": cfg.mode, "context": cfg.context,
+                           "dataset": cfg.dataset, "role": cfg.role, "runs": len(cfg.runs),
+                           "ok_runs": len(ok)}
+    errors = [r.get("error") for r in cfg.runs if not r.get("ok")]
+    if errors:
+        row["errors"] = errors
+    for f in _FIGURES:
+        vals = [r.get(f) for r in ok]
+        if f == "peak_pss_bytes":
+            vals = [v for v in vals if v]  # 0: the run ended before a reading
+        row[f] = _median(vals) if f != "other_load" else max(
+            (v for v in vals if v is not None), default=None)
+    return row
+
+
+def _best(rows: list[Config]) -> Config | None:
+    scored = [(summarize(c).get("rate") or 0, c) for c in rows if c.knob is not None]
+    scored = [x for x in scored if x[0] > 0]
+    return max(scored, key=lambda x: x[0])[1] if scored else None
+
+
+def _relative(workload: str, rows: list[dict]) -> None:
+    """Ratios the issue asks about, against the DataLoader references."""
+    def find(**kw: Any) -> dict | None:
+        return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
+    if workload == "b":
+        ref = find(family="dataloader", knob=0)
+        if ref and ref.get("peak_pss_bytes"):
+            for r in rows:
+                if r.get("peak_pss_bytes") and r["family"] != "limit":
+                    r["memory_vs_w0"] = r["peak_pss_bytes"] / ref["peak_pss_bytes"]
+    if workload == "d":
+        for r in rows:
+            for ctx in ("fork", "spawn"):
+                ref = find(family="dataloader", context=ctx, dataset=r["dataset"])
+                if ref and ref.get("ttfb_s") and r.get("ttfb_s"):
+                    r[f"ttfb_vs_{ctx}"] = r["ttfb_s"] / ref["ttfb_s"]
+    if workload == "a":
+        ref = next((r for r in rows if r["family"] == "dataloader" and r["knob"] == 2), None)
+        if ref and ref.get("cpu_per_sample_ms"):
+            for r in rows:
+                if r.get("cpu_per_sample_ms"):
+                    r["cpu_vs_w2"] = r["cpu_per_sample_ms"] / ref["cpu_per_sample_ms"]
+
+
+def machine_info() -> dict:
+    import platform
+
+    import psutil
+    info: dict[str, Any] = {
+        "cores_logical": os.cpu_count(),
+        "cores_physical": psutil.cpu_count(logical=False),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "python": sys.version.split()[0],
+        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import torch
+    info["torch"] = torch.__version__
+    info["torch_threads"] = torch.get_num_threads()
+    info["cuda"] = torch.cuda.is_available()
+    if info["cuda"]:
+        info["gpu"] = torch.cuda.get_device_name(0)
+    versions = {}
+    for mod in ("numpy", "simplejpeg", "cv2", "PIL", "torchdata", "spdl", "psutil"):
+        try:
+            m = __import__(mod)
+            versions[mod] = getattr(m, "__version__", "?")
+        except Exception:  # noqa: BLE001 - absent is fine, noted as such
+            versions[mod] = None
+    try:
+        from importlib.metadata import version
+        versions["spdl-core"] = version("spdl-core")
+        versions["torchdata"] = version("torchdata")
+    except Exception:  # noqa: BLE001
+        pass
+    info["versions"] = versions
+    return info

@@ -1,0 +1,174 @@
+"""The data sets the benchmark's workloads run, and the sample order they share.
+
+Every contender of a workload runs the same per-sample function over the same
+samples in the same order (a seeded permutation handed to each loader as its
+sampler):
+
+* ``folder`` (workload a): :class:`asyncfeed.ImageFolder` itself: read the file,
+  decode, resize the short side, center-crop.  ``io`` picks its thread or async
+  read path for ``AsyncLoader``; every other contender calls ``__getitem__``.
+* ``ram`` (workloads b, d): :class:`InMemoryDataset`, the same images held in RAM
+  as ``bytes`` plus a per-sample record of plain Python objects (path, label and
+  an annotation list of floats, as detection and segmentation sets hold).  Each
+  ``__getitem__`` touches its record: that is what makes forked DataLoader workers
+  copy the pages the objects live on (copy-on-read, pytorch issue 13246).
+* ``gil`` (workload c): the folder's samples followed by :func:`gil_bound_transform`,
+  an auto-contrast written in pure Python that holds the GIL for about as long as
+  the decode takes.
+
+Data sets are built in the process that runs the loader (never inherited from
+the benchmark's fork server), so every contender starts from the same state.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._folder import ImageFolder
+from .._image import decode_image
+
+WORKLOADS = {
+    "a": "JPEG folder in the page cache",
+    "b": "data set held in RAM as Python objects",
+    "c": "pure-Python per-sample transform (holds the GIL)",
+    "d": "time to first batch, fork and spawn",
+}
+
+
+class MapOnly:
+    """Only ``__getitem__`` and ``__len__`` of a data set: ``AsyncLoader``'s map-style path."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+class InMemoryDataset:
+    """Encoded images and per-sample Python records, all held in RAM.
+
+    ``records[i]`` is ``(path, label, annotations)`` with ``annotations`` a list of
+    ``floats_per_sample`` Python floats; ``blobs[i]`` the JPEG bytes.  Sample ``i``
+    sums its annotations (touching every object of its record, as converting
+    annotations to a tensor does) and decodes its image like ``ImageFolder``.
+    """
+
+    def __init__(self, paths: list[str], labels: list[int], size: int,
+                 floats_per_sample: int, seed: int = 0) -> None:
+        self.size = size
+        self.blobs: list[bytes] = []
+        for p in paths:
+            with open(p, "rb") as f:
+                self.blobs.append(f.read())
+        rng = np.random.default_rng(seed)
+        self.records: list[tuple[str, int, list[float]]] = [
+            (p, int(lab), rng.random(floats_per_sample).tolist())
+            for p, lab in zip(paths, labels)]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label, annotations = self.records[index]
+        if sum(annotations) < 0:  # never true: the sum is what touches the record
+            raise ValueError(f"negative annotations in {path}")
+        return torch.from_numpy(decode_image(self.blobs[index], self.size)), label
+
+
+def gil_bound_transform(img: torch.Tensor, stride: int = 4) -> torch.Tensor:
+    """Auto-contrast whose statistics are computed in pure Python (GIL held throughout).
+
+    A histogram of every ``stride``-th byte, counted in a Python loop, gives the
+    1st and 99th percentiles; a lookup table stretches them to 0..255.  The loop is
+    what user code written without numpy looks like; only the final table lookup
+    (a numpy op) releases the GIL.
+    """
+    values = img.view(-1)[::stride].tolist()
+    hist = [0] * 256
+    for v in values:
+        hist[v] += 1
+    cut = len(values) // 100
+    lo, acc = 0, 0
+    while lo < 255 and acc + hist[lo] <= cut:
+        acc += hist[lo]
+        lo += 1
+    hi, acc = 255, 0
+    while hi > lo and acc + hist[hi] <= cut:
+        acc += hist[hi]
+        hi -= 1
+    if hi <= lo:
+        return img
+    scale = 255.0 / (hi - lo)
+    lut = np.array([min(255, max(0, round((v - lo) * scale))) for v in range(256)], np.uint8)
+    return torch.from_numpy(np.take(lut, img.numpy()))
+
+
+class GilFolder(ImageFolder):
+    """``ImageFolder`` whose samples go through :func:`gil_bound_transform`.
+
+    Both of its paths do: ``__getitem__`` (DataLoader, map-style loaders) and
+    ``decode`` (``AsyncLoader``'s split path, where the transform runs in the
+    decode threads).
+    """
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        img, label = super().__getitem__(index)
+        return gil_bound_transform(img), label
+
+    def decode(self, raw: bytes, index: int) -> tuple[torch.Tensor, int]:
+        img, label = super().decode(raw, index)
+        return gil_bound_transform(img), label
+
+    def decode_into(self, raw: bytes, index: int, out: torch.Tensor) -> tuple[torch.Tensor, int]:
+        img, label = super().decode_into(raw, index, out)
+        img[...] = gil_bound_transform(img)
+        return img, label
+
+
+def sample_order(n_available: int, n_samples: int, seed: int) -> list[int]:
+    """The indices every contender visits, in order: a seeded shuffle, cycled if short."""
+    perm = np.random.default_rng(seed).permutation(n_available).tolist()
+    reps = -(-n_samples // n_available)
+    return (perm * reps)[:n_samples]
+
+
+def build_dataset(spec: dict) -> tuple[Any, list[int]]:
+    """``(dataset, order)`` for a run's ``dataset`` spec (built in the running process)."""
+    kind = spec["kind"]
+    root, size, seed = spec["root"], spec["size"], spec.get("seed", 0)
+    interp = spec.get("interpolation", "area")
+    if kind == "folder":
+        ds = ImageFolder(root, size, interpolation=interp, io=spec.get("io", "thread"))
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    if kind == "gil":
+        ds = GilFolder(root, size, interpolation=interp, io=spec.get("io", "thread"))
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    if kind == "ram":
+        folder = ImageFolder(root, size)
+        order = sample_order(len(folder), spec["samples"], seed)
+        chosen = order[: min(len(order), len(folder))]
+        paths = [folder.samples[i][0] for i in chosen]
+        labels = [folder.samples[i][1] for i in chosen]
+        del folder
+        ds = InMemoryDataset(paths, labels, size, spec["floats_per_sample"], seed)
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    raise ValueError(f"unknown data set kind {kind!r}")
+
+
+def warm_page_cache(root: str) -> int:
+    """Read every file under ``root`` once, so workload (a) starts from the page cache."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                while chunk := f.read(1 << 20):
+                    total += len(chunk)
+    return total

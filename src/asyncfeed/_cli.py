@@ -1,0 +1,204 @@
+"""The ``asyncfeed`` command line.
+
+``asyncfeed bench`` measures asyncfeed against torch's DataLoader, torchdata.nodes
+and SPDL on the built-in synthetic JPEG set (or ``--data DIR``), prints a table,
+and writes a PNG (``--plot``) and, with ``--json``, every raw figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Sequence
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip() != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not vals or min(vals) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return vals
+
+
+def _names(choices: Sequence[str]):
+    def parse(text: str) -> tuple[str, ...]:
+        vals = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in vals if v not in choices]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(choices)}")
+        return vals
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ._bench.contenders import FAMILIES
+    from ._bench.workloads import WORKLOADS
+    p = argparse.ArgumentParser(prog="asyncfeed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command")
+    b = sub.add_parser(
+        "bench", help="benchmark asyncfeed against DataLoader, torchdata.nodes and SPDL",
+        description="Run every contender on the same per-sample function (read, decode, "
+                    "resize, crop) and report samples/s, CPU per sample, peak memory, time to "
+                    "first batch and the tuning curve. Workloads: "
+                    + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
+    b.add_argument("--quick", action="store_true",
+                   help="tiny data, one round, few settings: seconds, for smoke tests")
+    b.add_argument("--data", metavar="DIR",
+                   help="an ImageFolder tree (root/<class>/<image>) instead of the synthetic set")
+    b.add_argument("--size", type=int, default=224, help="output side in pixels (224)")
+    b.add_argument("--batch-size", type=int, default=None, help="batch size (32; 8 with --quick)")
+    b.add_argument("--json", metavar="PATH", help="write every raw figure and the machine here")
+    b.add_argument("--plot", metavar="PATH", default="asyncfeed-bench.png",
+                   help="PNG to write (default ./asyncfeed-bench.png)")
+    b.add_argument("--no-plot", action="store_true", help="write no PNG")
+    b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=tuple(WORKLOADS),
+                   help="comma-separated subset of a,b,c,d (default: all)")
+    b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
+                   help="comma-separated subset of " + ",".join(FAMILIES))
+    b.add_argument("--repeats", type=int, default=None,
+                   help="rounds of every configuration; figures are medians (3; 1 with --quick)")
+    b.add_argument("--samples", type=int, default=None,
+                   help="samples per run in workload a (640); b and c scale from it")
+    b.add_argument("--workers", type=_ints, default=None,
+                   help="DataLoader num_workers sweep (default 0,1,2,4,... up to 2x cores)")
+    b.add_argument("--threads", type=_ints, default=None,
+                   help="thread sweep of the thread-based loaders (default 1,2,4,... to 2x cores)")
+    b.add_argument("--images", type=int, default=None,
+                   help="size of the synthetic set (1000; 64 with --quick)")
+    b.add_argument("--cache", metavar="DIR",
+                   help="where the synthetic set is generated (default $ASYNCFEED_CACHE or "
+                        "~/.cache/asyncfeed)")
+    b.add_argument("--ram-mb", type=float, default=None,
+                   help="MB of Python objects the in-RAM data set holds (workload b; 192)")
+    b.add_argument("--step-load", type=float, default=0.85,
+                   help="simulated training step: consumes data at this fraction of the limit")
+    b.add_argument("--interpolation", choices=("area", "linear"), default="area",
+                   help="resize filter of the per-sample function (area)")
+    b.add_argument("--device", default="auto",
+                   help="cpu, cuda, or auto (cuda when available: pinned memory, H2D copy)")
+    b.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before a single run is killed and reported as failed")
+    b.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from . import _synthetic
+    from ._bench import report
+    from ._bench.runner import Bench, Settings, default_threads, default_workers, machine_info
+    from ._bench.workloads import warm_page_cache
+
+    t_start = time.time()
+    cores = _cores()
+    quick = args.quick
+    batch = args.batch_size or (8 if quick else 32)
+    samples = args.samples or (4 * batch if quick else 640)
+    images = args.images or (64 if quick else 1000)
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    data_info: dict = {}
+    if args.data:
+        root = os.path.abspath(os.path.expanduser(args.data))
+        if not os.path.isdir(root):
+            print(f"asyncfeed bench: no such directory: {root}", file=sys.stderr)
+            return 2
+        synthetic = False
+        data_info = {"root": root}
+    else:
+        synthetic = True
+        parent = args.cache or _synthetic.cache_root()
+        name = _synthetic.dataset_name(images, min(10, images), args.seed)
+        if not _synthetic.is_complete(os.path.join(parent, name)):
+            with tqdm(total=images, desc="generating synthetic JPEGs", unit="img",
+                      file=sys.stderr, leave=False) as bar:
+                root = _synthetic.ensure_synthetic(images, min(10, images), seed=args.seed,
+                                                   root=parent, progress=bar.update)
+        else:
+            root = _synthetic.ensure_synthetic(images, min(10, images), seed=args.seed, root=parent)
+        data_info = {"root": root, **_synthetic.summary(root)}
+    data_info["generated_or_checked_s"] = time.time() - t_start
+    if synthetic:
+        data_info["bytes_read_to_warm_page_cache"] = warm_page_cache(root)
+
+    settings = Settings(
+        root=root, synthetic=synthetic, size=args.size, batch_size=batch,
+        workloads=tuple(args.workloads), families=tuple(args.contenders),
+        repeats=args.repeats or (1 if quick else 3),
+        samples=samples, samples_ram=max(batch, samples * 4 // 5) if not quick else samples,
+        samples_gil=max(batch, samples // 2),
+        workers=args.workers or ((0, 2) if quick else default_workers(cores)),
+        threads=args.threads or ((2,) if quick else default_threads(cores)),
+        cores=cores, ram_mb=args.ram_mb if args.ram_mb is not None else (8.0 if quick else 192.0),
+        step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
+        quick=quick, interpolation=args.interpolation, ttfb_workers=1 if quick else cores,
+        sweep_asyncfeed=not quick, single_limit=not quick)
+    if 0 in settings.threads:
+        print("asyncfeed bench: --threads must be >= 1", file=sys.stderr)
+        return 2
+
+    runner = Bench(settings)
+    runner.plan()
+    for fam, why in runner.skipped.items():
+        print(f"asyncfeed bench: {fam}: {why}", file=sys.stderr)
+    with tqdm(total=runner.n_runs(), desc="asyncfeed bench", unit="run", file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        runner.progress = bar
+        runner.run()
+    results = runner.results()
+    results["machine"] = machine_info()
+    results["data"] = data_info
+    results["command"] = ["asyncfeed", "bench"] + list(args._argv)
+    results["elapsed_s"] = time.time() - t_start
+    results["memory_metric"] = "pss" if _has_pss() else "rss"
+    print(report.render(results))
+    if args.json:
+        report.write_json(results, args.json)
+        print(f"\nJSON: {os.path.abspath(args.json)}")
+    if not args.no_plot and args.plot:
+        from ._bench.plot import write_png
+        write_png(results, args.plot)
+        print(f"plot: {os.path.abspath(args.plot)}")
+    failed = [c for rows in results["runs"].values() for c in rows
+              for r in c["runs"] if not r.get("ok")]
+    return 1 if failed else 0
+
+
+def _has_pss() -> bool:
+    from ._bench.measure import has_pss
+    return has_pss()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from . import __version__
+        print(__version__)
+        return 0
+    if args.command != "bench":
+        parser.print_help()
+        return 2
+    args._argv = argv[argv.index("bench") + 1:] if "bench" in argv else []
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
