@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from asyncfeed._httpserve import DirectoryServer, Fault, ThreadedHTTPServer  # noqa: E402
 
 __all__ = ["CLASSES", "S3Proxy", "fast_source", "http_server", "image_tree", "make_image_tree", "s3_client",
-           "moto_endpoint", "s3_options", "s3_proxy", "s3_tree", "slowdown_xml", "write_jpeg"]
+           "moto_endpoint", "s3_bucket", "s3_options", "s3_proxy", "s3_tree", "slowdown_xml", "write_jpeg"]
 
 CLASSES = ("cat", "dog b", "\u00e9mu")
 _SUBDIRS = ("", "x", "x y")
@@ -115,10 +115,16 @@ def _boto(endpoint: str):
 
 
 @pytest.fixture(scope="session")
-def s3_tree(moto_endpoint, image_tree) -> str:
+def s3_bucket(moto_endpoint) -> str:
+    """An empty bucket on the moto server (its name)."""
+    _boto(moto_endpoint).create_bucket(Bucket=_BUCKET)
+    return _BUCKET
+
+
+@pytest.fixture(scope="session")
+def s3_tree(moto_endpoint, s3_bucket, image_tree) -> str:
     """The image tree under ``s3://asyncfeed-test/images``; returns that URL."""
     client = _boto(moto_endpoint)
-    client.create_bucket(Bucket=_BUCKET)
     for dirpath, _, files in os.walk(image_tree):
         for name in files:
             path = os.path.join(dirpath, name)
