@@ -161,10 +161,18 @@ class S3Proxy(ThreadedHTTPServer):
         super().__init__(**kw)
         self.target = target.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        self.clients: list[tuple[str, str, str]] = []  # (method, path, "botocore" or "other")
 
     def throttle(self, pattern: str, times: int) -> Fault:
         return self.add_fault(pattern, "status", status=503, times=times, body=slowdown_xml(),
                               headers={"Content-Type": "application/xml"})
+
+    async def _handle_one(self, request: web.BaseRequest) -> web.StreamResponse:
+        from urllib.parse import unquote, urlsplit
+        rel = unquote(urlsplit(request.raw_path).path).lstrip("/")
+        agent = request.headers.get("User-Agent", "")
+        self.clients.append((request.method, rel, "botocore" if "Botocore" in agent else "other"))
+        return await super()._handle_one(request)
 
     async def _answer(self, request: web.BaseRequest, rel: str,
                       fault: Fault | None) -> web.StreamResponse:

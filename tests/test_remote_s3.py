@@ -148,3 +148,76 @@ def test_listing_of_a_throttled_bucket_is_retried(image_tree, s3_proxy):
     assert src.list_dirs() == ["cat", "dog b", "\u00e9mu"]
     assert s3_proxy.count("asyncfeed-test") >= 3
     src.close()
+
+
+# -- the lean signed GET (asyncfeed._s3fast) ------------------------------------------------
+
+def _gets(proxy, key=KEY):
+    return [who for method, path, who in proxy.clients if method == "GET" and path == key]
+
+
+def test_reads_use_the_fast_path_unless_disabled(image_tree, s3_proxy):
+    url = "s3://asyncfeed-test/images/" + REL
+    fast = fast_source("s3://asyncfeed-test/images", storage_options=s3_options(s3_proxy.url))
+    assert fast.read_sync(url) == _bytes(image_tree, REL)
+    slow = fast_source("s3://asyncfeed-test/images", storage_options=s3_options(s3_proxy.url),
+                       fast_s3=False)
+    assert slow.read_sync(url) == _bytes(image_tree, REL)
+    assert _gets(s3_proxy) == ["other", "botocore"]
+    fast.close()
+    slow.close()
+
+
+def test_fast_path_range_reads(image_tree, s3_proxy):
+    src = fast_source("s3://asyncfeed-test/images", storage_options=s3_options(s3_proxy.url))
+    url = "s3://asyncfeed-test/images/" + REL
+    data = _bytes(image_tree, REL)
+
+    async def ranges():
+        try:
+            return [await src.read_range(url, 10, 400), await src.read_range(url, 0, len(data))]
+        finally:
+            await src.close_io()
+
+    assert asyncio.run(ranges()) == [data[10:400], data]
+    assert _gets(s3_proxy) == ["other", "other"]
+    src.close()
+
+
+def test_fast_path_falls_back_to_s3fs_when_misaddressed(image_tree, s3_proxy):
+    s3_proxy.add_fault(KEY, "status", status=301, times=1, headers={"Content-Type": "application/xml"},
+                       body="<Error><Code>PermanentRedirect</Code><Message>elsewhere</Message></Error>")
+    src = fast_source("s3://asyncfeed-test/images", storage_options=s3_options(s3_proxy.url))
+    url = "s3://asyncfeed-test/images/" + REL
+    assert src.read_sync(url) == _bytes(image_tree, REL)
+    assert src.read_sync(url) == _bytes(image_tree, REL)
+    assert _gets(s3_proxy) == ["other", "botocore", "botocore"]  # the bucket stays on s3fs
+    src.close()
+
+
+@pytest.mark.parametrize("token", [None, "session-token"])
+def test_signature_matches_botocore(monkeypatch, token):
+    import datetime
+
+    import botocore.auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from asyncfeed import _s3fast
+
+    now = datetime.datetime(2026, 3, 4, 5, 6, 7, tzinfo=datetime.timezone.utc)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: now.replace(tzinfo=None))
+    monkeypatch.setattr(_s3fast.time, "time", lambda: now.timestamp())
+    creds = Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
+    url = "http://s3.example.com:9000/my-bucket/dir%20a/x%2By~z.jpg"
+    request = AWSRequest(method="GET", url=url, headers={})
+    botocore.auth.S3SigV4Auth(creds, "s3", "eu-west-3").add_auth(request)
+
+    reader = _s3fast.S3FastReader(fs=None, session=None, unsigned=False)
+    reader._creds = (creds.access_key, creds.secret_key, token)
+    reader._creds_at = float("inf")  # never ask the (absent) filesystem
+    bucket = _s3fast._Bucket("http://s3.example.com:9000/my-bucket/k?X=1", "k", "eu-west-3")
+    headers = asyncio.run(reader._headers(bucket, "/my-bucket/dir%20a/x%2By~z.jpg", None))
+    assert headers["Authorization"] == request.headers["Authorization"]
+    assert headers["x-amz-date"] == request.headers["X-Amz-Date"]
+    assert headers["Host"] == "s3.example.com:9000"

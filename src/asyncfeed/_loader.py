@@ -414,10 +414,26 @@ def _close_current(ref_box: list[Any]) -> None:
         it._close("the loader was garbage-collected")
 
 
-def _shutdown(pipeline: Pipeline, runtime: Runtime) -> None:
-    """Finalizer of an iterator: stop its threads without waiting (any thread may run it)."""
+def _shutdown_and_rewind(pipeline: Pipeline, runtime: Runtime, loader_ref: Any,
+                         progress: dict[str, Any]) -> None:
+    """Finalizer of a dropped iterator: stop its threads without waiting (any thread
+    may run it) and rewind a user's generator as the pass was cut short."""
     pipeline.stop()
     runtime.close(wait=False)
+    loader = loader_ref()
+    if loader is not None:
+        _rewind(loader, progress)
+
+
+def _rewind(loader: AsyncLoader, progress: dict[str, Any]) -> None:
+    """Leave a user's generator where DataLoader would leave it after a pass cut
+    short: prefetching may have drawn further than the batches taken."""
+    replay = progress.get("replay") or {}
+    if loader.generator is None or "generator_state" not in replay:
+        return
+    plan, _ = loader._plan.start(progress["epoch"], replay)
+    for _ in range(progress["base"] + len(progress["taken"])):
+        next(plan, None)
 
 
 class _Iterator:
@@ -436,18 +452,22 @@ class _Iterator:
         self._done = False
         self._carry: list[tuple[Any, Any]] = []
         self._emitted = 0
-        self._finalizer = weakref.finalize(self, _shutdown, pipeline, runtime)
         self._replay: dict[str, Any] = {}
         self._base = 0                       # plan batches consumed before this pass
         self._offset0 = 0                    # sharded: global positions consumed before
         self._taken_ids: set[int] = set()    # plan batches taken in this pass (ids from 0)
         self._taken_samples = 0              # planned samples of the taken batches
+        self._progress = {"replay": {}, "base": 0, "taken": self._taken_ids,
+                          "epoch": loader._epoch}
+        self._finalizer = weakref.finalize(self, _shutdown_and_rewind, pipeline, runtime,
+                                           weakref.ref(loader), self._progress)
 
     def _set_origin(self, replay: dict[str, Any], pos: dict[str, Any]) -> None:
         self._replay = replay
         self._base = pos["base"]
         self._offset0 = pos["offset"]
-        self._taken_ids = {k - self._base for k in pos["extra"]}
+        self._taken_ids.update(k - self._base for k in pos["extra"])
+        self._progress.update(replay=replay, base=self._base)
         if pos["carry"]:
             self._carry = self._reload(pos["carry"])
 
@@ -488,7 +508,8 @@ class _Iterator:
             raise StopIteration
         t0 = time.perf_counter()
         try:
-            if self._loader.on_error == "skip" and self._loader.in_order:
+            if self._loader.on_error == "skip" and self._loader.in_order \
+                    and not self._loader._iterable:
                 out = self._next_skipping()
             else:
                 out = self._next_plain()
@@ -537,7 +558,7 @@ class _Iterator:
                 return self._deliver(b)
             loader._record_skips(b)
             self._carry.extend(b.good_samples_host)
-        target = loader.batch_size if loader._plan.user_batch_sampler is None \
+        target = (loader.batch_size or 1) if loader._plan.user_batch_sampler is None \
             else p.sizes[min(self._emitted, len(p.sizes) - 1)]
         while len(self._carry) < target:
             try:
@@ -608,7 +629,8 @@ class _Iterator:
             self._closed_reason = reason
         self._p.stop()
         self._runtime.close(wait=True)
-        self._finalizer.detach()
+        if self._finalizer.detach() is not None and not self._done:
+            _rewind(self._loader, self._progress)
 
     def close(self) -> None:
         """Stop this pass early. Idempotent."""

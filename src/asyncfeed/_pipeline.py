@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._device import CopyStream, pin
-from ._errors import AsyncFeedError, LoaderTimeout, SampleError
-from ._layout import Layout
+from ._errors import AsyncFeedError, LoaderClosedError, LoaderTimeout, SampleError
+from ._layout import Layout, LayoutMismatch
 from ._runtime import Runtime
 from ._slots import Slot, SlotRing
 
@@ -37,6 +37,11 @@ class LayoutHolder:
         self.layout: Layout | None = None
         self.decided = not enabled
         self._lock = threading.Lock()
+
+    def give_up(self) -> None:
+        """Samples do not share one shape: collate every batch from now on."""
+        self.layout = None
+        self.decided = True
 
     def offer(self, sample: Any) -> None:
         if self.decided:
@@ -51,7 +56,8 @@ class Batch:
     """A planned batch and everything its samples produced."""
 
     __slots__ = ("k", "indices", "n", "mode", "bufs", "slot", "samples", "remaining",
-                 "done", "failures", "error", "output", "event", "good_samples_host")
+                 "done", "failures", "error", "output", "event", "good_samples_host",
+                 "mismatch", "layout")
 
     def __init__(self, k: int, indices: list[Any], mode: str) -> None:
         self.k = k
@@ -68,6 +74,8 @@ class Batch:
         self.output: Any = None
         self.event: Any = None
         self.good_samples_host: list[tuple[Any, Any]] = []
+        self.mismatch = False
+        self.layout: Layout | None = None
 
     def pending(self) -> list[Any]:
         return [i for r, i in enumerate(self.indices) if not self.done[r]]
@@ -138,12 +146,13 @@ class Pipeline:
 
     def _submit(self, b: Batch) -> None:
         if b.mode == "ring":
-            ring = self.get_ring(self.layouts.layout, b.n) if self.copy is not None else None
+            b.layout = self.layouts.layout
+            ring = self.get_ring(b.layout, b.n) if self.copy is not None else None
             if ring is not None:
                 b.slot = ring.acquire()
                 b.bufs = b.slot.bufs
             else:
-                b.bufs = self.layouts.layout.allocate(b.n, pin=self.pin_host)
+                b.bufs = b.layout.allocate(b.n, pin=self.pin_host)
         self.sizes.append(b.n)
         self.submitted += 1
         with self.cond:
@@ -183,7 +192,7 @@ class Pipeline:
                 if self.taken >= self.submitted and self.exhausted:
                     return None
                 if self.stopping:
-                    raise AsyncFeedError("the loader was closed while waiting for a batch")
+                    raise LoaderClosedError("the loader was closed while waiting for a batch")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise LoaderTimeout(self._timeout_message(k, timeout))
@@ -200,7 +209,7 @@ class Pipeline:
         self.taken += 1
         if b.slot is not None:
             b.slot.event = b.event
-            ring = self.get_ring(self.layouts.layout, b.n)
+            ring = self.get_ring(b.layout, b.n)
             if ring is not None:
                 ring.release(b.slot)
             b.slot = None
@@ -248,7 +257,7 @@ class Pipeline:
         ds = self.dataset
         out = None
         if b.mode == "ring" and self.has_decode_into:
-            out = self.layouts.layout.row_out(b.bufs, row)
+            out = b.layout.row_out(b.bufs, row)
         if raw is _NO_RAW:
             if not self.has_read:
                 return ds[idx]
@@ -264,7 +273,13 @@ class Pipeline:
             sample = self._load(b, row, idx, raw)
             del raw
             if b.mode == "ring":
-                self.layouts.layout.write_row(b.bufs, row, sample)
+                b.samples[row] = sample   # kept in case the batch must be collated instead
+                try:
+                    b.layout.write_row(b.bufs, row, sample)
+                except LayoutMismatch:
+                    # shapes vary: collate this batch like DataLoader, and stop using rows
+                    b.mismatch = True
+                    self.layouts.give_up()
             else:
                 b.samples[row] = sample
                 if not self.layouts.decided:
@@ -291,11 +306,7 @@ class Pipeline:
         if self.stopping:
             return
         try:
-            samples = self.dataset.__getitems__(b.indices)
-            if len(samples) != b.n:
-                raise AsyncFeedError(f"__getitems__ returned {len(samples)} samples "
-                                     f"for {b.n} indices")
-            b.samples = list(samples)
+            b.samples = self.dataset.__getitems__(b.indices)  # handed to collate_fn as is
         except BaseException as e:  # noqa: BLE001
             b.error = e
         b.done[:] = b"\x01" * b.n
@@ -308,8 +319,8 @@ class Pipeline:
             if b.n == 0:
                 pass  # a batch a resumed checkpoint had already taken
             elif b.error is None and not b.failures:
-                if b.mode == "ring":
-                    host = self.layouts.layout.assemble(b.bufs, b.n)
+                if b.mode == "ring" and not b.mismatch:
+                    host = b.layout.assemble(b.bufs, b.n)
                 else:
                     host = self.collate(b.samples)
                 b.output, b.event = self.to_target(host)
@@ -339,8 +350,8 @@ class Pipeline:
         for r, idx in enumerate(b.indices):
             if r in failed:
                 continue
-            if b.mode == "ring":
-                out.append((idx, self.layouts.layout.row_sample(b.bufs, r)))
+            if b.mode == "ring" and not b.mismatch:
+                out.append((idx, b.layout.row_sample(b.bufs, r)))
             else:
                 out.append((idx, b.samples[r]))
         return out

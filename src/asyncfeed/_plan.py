@@ -169,7 +169,10 @@ class IndexPlan:
             it = iter(self.index_sampler(epoch, replay["sampler_seed"]))
             return it, replay
         it = iter(self.index_sampler(epoch))
-        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        if self.generator is not None or (self.seed is None and not self.sharded):
+            # DataLoader draws its base seed here (from the global RNG without a
+            # generator); with seed= the global RNG is left alone.
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         return it, replay
 
     def resharded(self, epoch: int, offset: int) -> Iterator[Any]:

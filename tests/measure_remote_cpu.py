@@ -1,0 +1,175 @@
+"""CPU cost per remote read, client side, at zero latency over loopback (not a test).
+
+    PYTHONPATH=src python tests/measure_remote_cpu.py [--reads 2000] [--size 110000]
+
+The server runs in a child process (``asyncfeed._httpserve.DirectoryServer``, or
+moto for S3), so this process's CPU time (user + system, from ``getrusage``) is
+what the read path costs: the event loop, the HTTP client, the kernel's share of
+the loopback socket work.  Each mode reads ``--reads`` files of ``--size`` bytes,
+``--concurrency`` at a time, on one event loop (uvloop when available), after a
+warm-up pass that opens the connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
+
+_SERVE_HTTP = """
+import sys, signal
+sys.path.insert(0, {src!r})
+from asyncfeed._httpserve import DirectoryServer
+s = DirectoryServer({root!r}).start()
+print(s.url, flush=True)
+signal.sigwait([signal.SIGTERM])
+s.close()
+"""
+
+_SERVE_S3 = """
+import sys, signal, logging, os
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
+from moto.server import ThreadedMotoServer
+import boto3
+m = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False); m.start()
+ep = "http://%s:%d" % m.get_host_and_port()
+c = boto3.client("s3", endpoint_url=ep, region_name="us-east-1",
+                 aws_access_key_id="k", aws_secret_access_key="s")
+c.create_bucket(Bucket="bench")
+root = {root!r}
+for d, _, fs in os.walk(root):
+    for f in fs:
+        p = os.path.join(d, f)
+        c.upload_file(p, "bench", "data/" + os.path.relpath(p, root))
+# moto's server closes the connection after every response (HTTP/1.0); a keep-alive
+# proxy in front of it makes the client side look like real S3 (connections reused)
+sys.path.insert(0, {tests!r})
+from remote_fixtures import S3Proxy
+proxy = S3Proxy(ep).start()
+print(proxy.url.rstrip("/"), flush=True)
+signal.sigwait([signal.SIGTERM])
+proxy.close()
+m.stop()
+"""
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _server(code: str) -> tuple[subprocess.Popen, str]:
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().strip()
+    if not line:
+        p.kill()
+        raise RuntimeError("server did not start")
+    return p, line
+
+
+def _run(loop_kind: str, coro_fn):
+    if loop_kind == "uvloop":
+        import uvloop
+        return uvloop.run(coro_fn())
+    return asyncio.run(coro_fn())
+
+
+async def _drive(read, urls: list[str], concurrency: int, close) -> tuple[float, float]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(u: str) -> int:
+        async with sem:
+            return len(await read(u))
+
+    await asyncio.gather(*(one(u) for u in urls[: min(len(urls), 2 * concurrency)]))  # warm-up
+    c0, w0 = _cpu(), time.perf_counter()
+    await asyncio.gather(*(one(u) for u in urls))
+    c1, w1 = _cpu(), time.perf_counter()
+    await close()
+    return c1 - c0, w1 - w0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--reads", type=int, default=2000)
+    ap.add_argument("--files", type=int, default=200)
+    ap.add_argument("--size", type=int, default=110_000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--modes", default="aiohttp,fsspec-http,source-http,source-s3")
+    ap.add_argument("--loops", default="uvloop,asyncio")
+    args = ap.parse_args()
+
+    from asyncfeed._fsspec_source import FsspecSource
+
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, "c"))
+        for i in range(args.files):
+            with open(os.path.join(root, "c", f"{i:05d}.jpg"), "wb") as f:
+                f.write(os.urandom(args.size))
+        rels = [f"c/{i % args.files:05d}.jpg" for i in range(args.reads)]
+        modes = args.modes.split(",")
+        servers = {}
+        try:
+            if any(m != "source-s3" for m in modes):
+                servers["http"] = _server(_SERVE_HTTP.format(src=os.path.join(os.path.dirname(HERE), "src"), root=root))
+            if "source-s3" in modes:
+                servers["s3"] = _server(_SERVE_S3.format(root=root, tests=HERE))
+            print(f"{args.reads} reads of {args.size} B, {args.concurrency} in flight, "
+                  f"server in another process; client CPU = user + system")
+            for loop_kind in args.loops.split(","):
+                for mode in modes:
+                    cpu, wall = _run(loop_kind, lambda: _mode(mode, servers, rels, args, FsspecSource))
+                    print(f"  {mode:12s} {loop_kind:8s} {1e6 * cpu / args.reads:7.1f} us CPU/read"
+                          f"   {args.reads / wall:7.0f} reads/s")
+        finally:
+            for p, _ in servers.values():
+                p.terminate()
+                p.wait()
+
+
+async def _mode(mode, servers, rels, args, FsspecSource):
+    if mode == "aiohttp":
+        import aiohttp
+        base = servers["http"][1]
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+
+        async def read(u):
+            async with session.get(u) as r:
+                r.raise_for_status()
+                return await r.read()
+
+        return await _drive(read, [base + r for r in rels], args.concurrency, session.close)
+    if mode == "fsspec-http":
+        from fsspec.implementations.http import HTTPFileSystem
+        base = servers["http"][1]
+        fs = HTTPFileSystem(asynchronous=True, skip_instance_cache=True)
+        await fs.set_session()
+
+        async def close():
+            await fs._session.close()
+
+        return await _drive(fs._cat_file, [base + r for r in rels], args.concurrency, close)
+    if mode.startswith("source-"):
+        if mode == "source-http":
+            src = FsspecSource(servers["http"][1])
+        else:
+            ep = servers["s3"][1]
+            src = FsspecSource("s3://bench/data", storage_options={
+                "endpoint_url": ep, "key": "k", "secret": "s",
+                "client_kwargs": {"region_name": "us-east-1"}})
+            await asyncio.get_running_loop().run_in_executor(None, src.list_dirs)
+        return await _drive(src.read, [src.root + "/" + r for r in rels], args.concurrency,
+                            src.close_io)
+    raise ValueError(mode)
+
+
+if __name__ == "__main__":
+    main()
