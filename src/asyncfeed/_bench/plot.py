@@ -11,17 +11,6 @@ COLORS = {"dataloader": "#1f77b4", "torchdata": "#ff7f0e", "spdl": "#2ca02c",
           "limit": "#444444"}
 
 
-def _default_knob(results: dict, wl: str, fam: str) -> int | None:
-    """The thread count a default-configured loader chose, if its stats say so."""
-    for cfg in results["runs"].get(wl, []):
-        if cfg["family"] == fam and cfg["knob"] is None:
-            for run in cfg["runs"]:
-                k = (run.get("loader_info") or {}).get("resolved_threads")
-                if isinstance(k, int):
-                    return k
-    return None
-
-
 def _tuning(ax: Any, results: dict, wl: str, title: str) -> None:
     fams = results.get("tuning", {}).get(wl, {})
     limit = next((r.get("rate") for r in results["summary"].get(wl, [])
@@ -39,7 +28,7 @@ def _tuning(ax: Any, results: dict, wl: str, title: str) -> None:
         if k:
             ax.plot([k["knob"]], [k["rate"]], "o", ms=13, mfc="none", mec=COLORS.get(fam), mew=2)
         if t.get("default_rate"):
-            dk = _default_knob(results, wl, fam)
+            dk = t.get("default_knob")
             x = dk if dk is not None else results["settings"]["cores"]
             ax.plot([x], [t["default_rate"]], "*", ms=14, color=COLORS.get(fam), mec="black",
                     mew=0.6)

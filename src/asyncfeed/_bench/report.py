@@ -37,7 +37,7 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 def _name(row: dict) -> str:
     name = row["label"]
-    if row.get("role") == "default":
+    if row.get("knob") is None and row.get("family") != "limit":
         name += " *"
     if row["ok_runs"] < row["runs"]:
         name += f" [{row['runs'] - row['ok_runs']} failed]"
@@ -60,8 +60,11 @@ def render(results: dict) -> str:
     desc = (f"synthetic set: {data.get('n_images')} JPEGs, mean {data.get('mean_bytes', 0) / 1e3:.0f}"
             f" KB, mean {data.get('mean_width', 0):.0f}x{data.get('mean_height', 0):.0f}"
             if s["synthetic"] else f"data: {s['root']}")
-    parts.append(f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {s['repeats']} "
-                 f"round(s), figures are medians; {desc}")
+    other = min(s["repeats"], s["repeats_other"])
+    rounds = (f"{s['repeats']} round{'s' if s['repeats'] != 1 else ''}" if other == s["repeats"] else
+              f"{s['repeats']} rounds for (a) and (b), {other} for the rest")
+    parts.append(f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {rounds} "
+                 f"(interleaved), figures are medians; {desc}")
     parts.append("* = the loader's defaults (no tuning).  samples/s: the whole epoch, from "
                  "building the loader to the last batch; CPU: every process of the run.")
 

@@ -35,7 +35,8 @@ class Settings:
     batch_size: int = 32
     workloads: tuple[str, ...] = ("a", "b", "c", "d")
     families: tuple[str, ...] = tuple(contenders.FAMILIES)
-    repeats: int = 3
+    repeats: int = 3            # rounds for (a) and (b)
+    repeats_other: int = 2      # rounds for the training step, (c) and (d)
     samples: int = 640          # per run, workload a
     samples_ram: int = 512      # workload b
     samples_gil: int = 320      # workload c
@@ -115,22 +116,36 @@ class Bench:
     def _has(self, fam: str) -> bool:
         return fam in self.available
 
-    def _sweep(self, workload: str, dataset: str, families: list[str],
-               *, defaults: bool = True) -> list[Config]:
+    def default_threads(self) -> int:
+        """The thread count ``AsyncLoader`` picks by itself (its default ``num_threads``)."""
+        try:
+            from asyncfeed._loader import available_cores
+            return int(available_cores())
+        except Exception:  # noqa: BLE001 - an older or broken loader: assume the cores
+            return self.s.cores
+
+    def _sweep(self, workload: str, dataset: str, families: list[str], *,
+               workers: tuple[int, ...], threads: tuple[int, ...],
+               sweep: tuple[str, ...] = ("asyncfeed",)) -> list[Config]:
+        """DataLoader over ``workers``; thread loaders over ``threads``; each asyncfeed
+        family at its defaults, and swept too when listed in ``sweep`` (the point its
+        default already covers is not run twice)."""
         s = self.s
         out: list[Config] = []
         for fam in families:
             if not self._has(fam):
                 continue
             if fam == "dataloader":
-                out += [Config(workload, fam, w, dataset=dataset) for w in s.workers]
+                out += [Config(workload, fam, w, dataset=dataset) for w in workers]
                 continue
             if fam in contenders.ASYNCFEED_FAMILIES:
-                if defaults:
-                    out.append(Config(workload, fam, None, dataset=dataset, role="default"))
-                if not s.sweep_asyncfeed:
+                out.append(Config(workload, fam, None, dataset=dataset, role="default"))
+                if fam not in sweep or not s.sweep_asyncfeed:
                     continue
-            out += [Config(workload, fam, t, dataset=dataset) for t in s.threads]
+                dflt = self.default_threads()
+                out += [Config(workload, fam, t, dataset=dataset) for t in threads if t != dflt]
+                continue
+            out += [Config(workload, fam, t, dataset=dataset) for t in threads]
         return out
 
     def _limits(self, workload: str, dataset: str) -> list[Config]:
@@ -144,7 +159,8 @@ class Bench:
         if "a" in w:
             self.configs["a"] = self._limits("a", "folder") + self._sweep(
                 "a", "folder", ["dataloader", "torchdata", "spdl", "asyncfeed",
-                                "asyncfeed-async", "asyncfeed-map"])
+                                "asyncfeed-async", "asyncfeed-map"],
+                workers=s.workers, threads=s.threads)
             self.configs["step"] = []  # filled once (a) has told which setting is best
         if "b" in w:
             cfgs = [Config("b", "limit", s.cores, mode="limit", dataset="ram", role="limit")]
@@ -158,8 +174,15 @@ class Bench:
                 cfgs.append(Config("b", "asyncfeed-map", None, dataset="ram", role="default"))
             self.configs["b"] = cfgs
         if "c" in w:
-            self.configs["c"] = self._limits("c", "gil") + self._sweep(
-                "c", "gil", ["dataloader", "torchdata", "spdl", "asyncfeed"])
+            # (c) is slow per sample: a shorter sweep shows the shape (threads stay flat)
+            few_t = tuple(t for t in s.threads if t in (1, s.cores)) or s.threads[:1]
+            few_w = tuple(w for w in s.workers if w in (0, s.cores, 2 * s.cores)) or s.workers
+            cfgs = self._limits("c", "gil") + self._sweep(
+                "c", "gil", ["dataloader", "torchdata", "asyncfeed"], workers=few_w,
+                threads=few_t)
+            if self._has("spdl"):
+                cfgs.append(Config("c", "spdl", s.cores, dataset="gil"))
+            self.configs["c"] = cfgs
         if "d" in w:
             cfgs = []
             k = s.ttfb_workers
@@ -176,10 +199,14 @@ class Bench:
                                            role="default" if knob is None else "sweep"))
             self.configs["d"] = cfgs
 
+    def rounds(self, workload: str) -> int:
+        return self.s.repeats if workload in ("a", "b") else min(self.s.repeats,
+                                                                   self.s.repeats_other)
+
     def n_runs(self) -> int:
-        n = sum(len(c) for c in self.configs.values()) * self.s.repeats
+        n = sum(len(c) * self.rounds(wl) for wl, c in self.configs.items())
         if "step" in self.configs:
-            n += self.s.repeats * (len(self._step_families()) + 1)
+            n += self.rounds("step") * (len(self._step_families()) + 1)
         return n
 
     def _step_families(self) -> list[str]:
@@ -225,8 +252,8 @@ class Bench:
             self.progress.update(1)
         return server
 
-    def _rounds(self, server: RunServer, cfgs: list[Config]) -> RunServer:
-        for rnd in range(self.s.repeats):
+    def _rounds(self, server: RunServer, cfgs: list[Config], rounds: int) -> RunServer:
+        for rnd in range(rounds):
             for cfg in cfgs:
                 server = self._run_one(server, cfg, rnd)
         return server
@@ -241,7 +268,7 @@ class Bench:
                         continue
                     if wl == "step":
                         self._plan_step()
-                    server = self._rounds(server, self.configs[wl])
+                    server = self._rounds(server, self.configs[wl], self.rounds(wl))
             finally:
                 server.close()
         self.elapsed_s = time.time() - self.started
@@ -251,7 +278,7 @@ class Bench:
         if not limit:
             self.log("  no limit figure for (a): the training-step simulation is skipped")
             if self.progress is not None:
-                self.progress.total = max(0, self.progress.total - self.s.repeats
+                self.progress.total = max(0, self.progress.total - self.rounds("step")
                                           * (len(self._step_families()) + 1))
             return
         self.step_s = self.s.batch_size / (self.s.step_load * limit)
@@ -275,9 +302,9 @@ class Bench:
                     continue
                 by_key.add(k)
                 cfgs.append(Config("step", fam, c.knob, mode="step", dataset="folder", role=role))
-        planned = self.s.repeats * (len(self._step_families()) + 1)
+        planned = self.rounds("step") * (len(self._step_families()) + 1)
         if self.progress is not None:
-            self.progress.total += self.s.repeats * len(cfgs) - planned
+            self.progress.total += self.rounds("step") * len(cfgs) - planned
             self.progress.refresh()
         self.configs["step"] = cfgs
 
@@ -308,15 +335,19 @@ class Bench:
         for wl in ("a", "c"):
             fams: dict[str, dict] = {}
             for fam in contenders.FAMILIES:
-                pts = [(c.knob, summarize(c).get("rate")) for c in self.configs.get(wl, [])
-                       if c.family == fam and c.knob is not None and c.mode == "throughput"]
-                pts = [(k, r) for k, r in pts if r]
+                cfgs = [c for c in self.configs.get(wl, [])
+                        if c.family == fam and c.mode == "throughput"]
+                pts = [(c.knob, summarize(c).get("rate")) for c in cfgs if c.knob is not None]
+                dflt = next((c for c in cfgs if c.knob is None), None)
+                dflt_rate = summarize(dflt).get("rate") if dflt else None
+                dflt_knob = _resolved(dflt) if dflt else None
+                if dflt_rate and dflt_knob is not None and dflt_knob not in [k for k, _ in pts]:
+                    pts.append((dflt_knob, dflt_rate))  # the default is that curve's point
+                pts = sorted((k, r) for k, r in pts if r)
                 if not pts:
                     continue
-                dflt = [summarize(c).get("rate") for c in self.configs.get(wl, [])
-                        if c.family == fam and c.knob is None]
-                fams[fam] = {"points": sorted(pts), "knee": knee(sorted(pts)),
-                             "default_rate": dflt[0] if dflt else None}
+                fams[fam] = {"points": pts, "knee": knee(pts), "default_rate": dflt_rate,
+                             "default_knob": dflt_knob}
             if fams:
                 out[wl] = fams
         return out
@@ -361,8 +392,17 @@ def summarize(cfg: Config) -> dict:
     return row
 
 
+def _resolved(cfg: Config) -> int | None:
+    """The thread count a default-configured run actually used (from its loader)."""
+    for run in cfg.runs:
+        k = (run.get("loader_info") or {}).get("resolved_threads")
+        if isinstance(k, int):
+            return k
+    return None
+
+
 def _best(rows: list[Config]) -> Config | None:
-    scored = [(summarize(c).get("rate") or 0, c) for c in rows if c.knob is not None]
+    scored = [(summarize(c).get("rate") or 0, c) for c in rows]
     scored = [x for x in scored if x[0] > 0]
     return max(scored, key=lambda x: x[0])[1] if scored else None
 
