@@ -84,7 +84,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=200)
     ap.add_argument("--size", type=int, default=110_000)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--modes", default="aiohttp,fsspec-http,source-http,source-s3,s3fs")
+    ap.add_argument("--modes", default="aiohttp,fsspec-http,source-http-aiohttp,source-http,"
+                                       "source-s3,s3fs")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--loops", default="uvloop,asyncio")
     args = ap.parse_args()
@@ -141,11 +142,11 @@ async def _mode(mode, servers, rels, args, FsspecSource):
             await fs._session.close()
 
         return await _drive(fs._cat_file, [base + r for r in rels], args.concurrency, close)
-    if mode in ("source-http", "source-s3", "s3fs"):
-        if mode == "source-http":
-            src = FsspecSource(servers["http"][1])
+    if mode in ("source-http", "source-http-aiohttp", "source-s3", "s3fs"):
+        if mode.startswith("source-http"):
+            src = FsspecSource(servers["http"][1], fast=(mode == "source-http"))
         else:
-            src = FsspecSource("s3://bench/data", fast_s3=(mode == "source-s3"), storage_options={
+            src = FsspecSource("s3://bench/data", fast=(mode == "source-s3"), storage_options={
                 "endpoint_url": servers["http"][1].rstrip("/"), "key": "k", "secret": "s",
                 "client_kwargs": {"region_name": "us-east-1"}})
         return await _drive(src.read, [src.root + "/" + r for r in rels], args.concurrency,

@@ -168,6 +168,28 @@ class Slow(TupleFixed):
         return super().__getitem__(i)
 
 
+def test_assert_same_is_strict():
+    """The comparison used everywhere here can fail, for every kind of difference."""
+    nan = float("nan")
+    assert_same([torch.tensor([nan, -0.0]), {"a": 1, "b": "x"}, Point(1, 2.5)],
+                [torch.tensor([nan, -0.0]), {"a": 1, "b": "x"}, Point(1, 2.5)])
+    t = torch.arange(6.0).reshape(2, 3)
+    different = [
+        ([1, 2], (1, 2)), (1, True), (1, 1.0), (0.0, -0.0), ("a", b"a"),
+        (Point(1, 2), (1, 2)), ({"a": 1, "b": 2}, {"b": 2, "a": 1}),
+        (torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64)),
+        (torch.tensor([0.0]), torch.tensor([-0.0])),
+        (torch.tensor([1, 2]), torch.tensor([[1, 2]])),
+        (t.t().contiguous(), t.t()),
+        (torch.tensor([1.0]), torch.tensor([1.0], requires_grad=True)),
+        (np.zeros(2, np.float32), np.zeros(2, np.float64)),
+        ([torch.tensor([1])], [torch.tensor([2])]),
+    ]
+    for a, b in different:
+        with pytest.raises(AssertionError):
+            assert_same(a, b)
+
+
 # ----------------------------------------------------------- the argument matrix
 @pytest.mark.parametrize("batch_size", [1, 7, None])
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -161,7 +161,7 @@ def test_reads_use_the_fast_path_unless_disabled(image_tree, s3_proxy):
     fast = fast_source("s3://asyncfeed-test/images", storage_options=s3_options(s3_proxy.url))
     assert fast.read_sync(url) == _bytes(image_tree, REL)
     slow = fast_source("s3://asyncfeed-test/images", storage_options=s3_options(s3_proxy.url),
-                       fast_s3=False)
+                       fast=False)
     assert slow.read_sync(url) == _bytes(image_tree, REL)
     assert _gets(s3_proxy) == ["other", "botocore"]
     fast.close()
@@ -213,7 +213,7 @@ def test_signature_matches_botocore(monkeypatch, token):
     request = AWSRequest(method="GET", url=url, headers={})
     botocore.auth.S3SigV4Auth(creds, "s3", "eu-west-3").add_auth(request)
 
-    reader = _s3fast.S3FastReader(fs=None, session=None, unsigned=False)
+    reader = _s3fast.S3FastReader(fs=None, pool=None, unsigned=False)
     reader._creds = (creds.access_key, creds.secret_key, token)
     reader._creds_at = float("inf")  # never ask the (absent) filesystem
     bucket = _s3fast._Bucket("http://s3.example.com:9000/my-bucket/k?X=1", "k", "eu-west-3")

@@ -225,6 +225,8 @@ class Pipeline:
 
     # ------------------------------------------------------------- event loop
     def _enqueue_fetches(self, b: Batch) -> None:
+        if self.stopping or self.runtime.closed:
+            return  # the pass is over: start no new fetch workers
         if self._fetch_queue is None:
             self._fetch_queue = asyncio.Queue()
             n = max(1, self.io_concurrency)

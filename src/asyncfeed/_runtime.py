@@ -91,10 +91,13 @@ class Runtime:
                     self._io_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
-        tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(10):  # callbacks queued before stop() may start new tasks
+            tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+            if not tasks:
+                break
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._on_loop_close is not None:
             try:
                 await asyncio.wait_for(self._on_loop_close(), 5.0)

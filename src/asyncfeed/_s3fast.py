@@ -7,7 +7,7 @@ objects per second per core before any decoding.  Here botocore is asked once pe
 bucket where objects live (a presigned URL gives the host and path layout it
 would use, addressing style and region included) and for the credentials; each
 read then signs its request with AWS Signature Version 4 (a SHA-256 and an HMAC)
-and sends it on the loop's aiohttp session.
+and sends it with the lean client of :mod:`asyncfeed._http11`.
 
 Only plain reads take this path: no requester-pays, SSE-C, version ids or other
 extra request arguments (``FsspecSource`` falls back to s3fs for those).  An
@@ -71,18 +71,16 @@ class _Bucket:
 
 
 class S3FastReader:
-    """Signed GETs of S3 objects on the running loop's aiohttp ``session``.
-
-    Give it a session made with ``auto_decompress=False`` (bytes as stored, as
-    botocore returns them).
+    """Signed GETs of S3 objects through ``pool`` (an :class:`asyncfeed._http11.HTTPPool`
+    of the running loop).
 
     Build with :meth:`create`, which returns None when the filesystem's settings
     need s3fs (then every read should go through s3fs).
     """
 
-    def __init__(self, fs: Any, session: Any, unsigned: bool) -> None:
+    def __init__(self, fs: Any, pool: Any, unsigned: bool) -> None:
         self._fs = fs
-        self._session = session
+        self._pool = pool
         self._unsigned = unsigned
         self._buckets: dict[str, _Bucket | None] = {}
         self._creds: tuple[str, str, str | None] | None = None
@@ -92,7 +90,7 @@ class S3FastReader:
         self._stamp = ("", "")
 
     @classmethod
-    async def create(cls, fs: Any, session: Any) -> "S3FastReader | None":
+    async def create(cls, fs: Any, pool: Any) -> "S3FastReader | None":
         """A reader for the s3fs filesystem ``fs`` (its session set), or None if unsuitable."""
         if getattr(fs, "version_aware", False) or getattr(fs, "req_kw", None) \
                 or getattr(fs, "s3_additional_kwargs", None):
@@ -106,7 +104,7 @@ class S3FastReader:
         unsigned = not isinstance(version, str)  # botocore.UNSIGNED (anon=True)
         if not unsigned and version not in ("s3v4", "v4"):
             return None
-        return cls(fs, session, unsigned)
+        return cls(fs, pool, unsigned)
 
     # -- per bucket: where objects live -------------------------------------------------
     async def _bucket(self, bucket: str) -> _Bucket | None:
@@ -200,13 +198,9 @@ class S3FastReader:
         except _FallBack:
             self._buckets[bucket] = None
             return None
-        import yarl
         url = b.prefix + quoted
-        async with self._session.get(yarl.URL(url, encoded=True), headers=headers,
-                                     allow_redirects=False) as r:
-            data = await r.read()
-            status = r.status
-            retry_after = r.headers.get("Retry-After")
+        r = await self._pool._once(url, headers, "GET")  # no redirects: a 3xx means fall back
+        data, status, retry_after = r.body, r.status, r.headers.get("retry-after")
         if status == 200 or (status == 206 and rng is not None):
             return data
         code_m, msg_m = _CODE.search(data), _MESSAGE.search(data)

@@ -78,7 +78,8 @@ class Config:
     def label(self) -> str:
         if self.family == "limit":
             return f"limit, {self.knob} proc{'s' if self.knob != 1 else ''} (no loader)"
-        return contenders.label(self.family, self.knob, self.context)
+        name = contenders.label(self.family, self.knob, self.context)
+        return name + " (numpy rewrite)" if self.dataset == "gil-numpy" else name
 
 
 def default_threads(cores: int) -> tuple[int, ...]:
@@ -182,6 +183,12 @@ class Bench:
                 threads=few_t)
             if self._has("spdl"):
                 cfgs.append(Config("c", "spdl", s.cores, dataset="gil"))
+            # the remedy: the same transform rewritten with numpy (same pixels out)
+            if self._has("dataloader"):
+                cfgs.append(Config("c", "dataloader", s.cores, dataset="gil-numpy",
+                                   role="remedy"))
+            if self._has("asyncfeed"):
+                cfgs.append(Config("c", "asyncfeed", None, dataset="gil-numpy", role="remedy"))
             self.configs["c"] = cfgs
         if "d" in w:
             cfgs = []
@@ -216,7 +223,8 @@ class Bench:
     # -- running --------------------------------------------------------------------
     def _spec(self, cfg: Config) -> dict:
         s = self.s
-        samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil}[cfg.dataset]
+        samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil,
+                   "gil-numpy": s.samples_gil}[cfg.dataset]
         ds: dict[str, Any] = {"kind": cfg.dataset, "root": s.root, "size": s.size,
                               "samples": samples, "seed": s.seed,
                               "interpolation": s.interpolation,
@@ -335,8 +343,8 @@ class Bench:
         for wl in ("a", "c"):
             fams: dict[str, dict] = {}
             for fam in contenders.FAMILIES:
-                cfgs = [c for c in self.configs.get(wl, [])
-                        if c.family == fam and c.mode == "throughput"]
+                cfgs = [c for c in self.configs.get(wl, []) if c.family == fam
+                        and c.mode == "throughput" and c.dataset != "gil-numpy"]
                 pts = [(c.knob, summarize(c).get("rate")) for c in cfgs if c.knob is not None]
                 dflt = next((c for c in cfgs if c.knob is None), None)
                 dflt_rate = summarize(dflt).get("rate") if dflt else None
