@@ -46,6 +46,7 @@ def test_all_is_sorted_and_is_the_public_names():
         assert getattr(asyncfeed, n) is not None
 
 
+@pytest.mark.xfail(strict=True, reason="bug: AsyncLoader.epoch (a property) has no docstring")
 def test_public_names_are_documented():
     for n in asyncfeed.__all__:
         obj = getattr(asyncfeed, n)
@@ -284,6 +285,8 @@ def test_stats():
         assert al.stats().skipped == [], "stats() must return a snapshot"
 
 
+@pytest.mark.xfail(strict=True, reason="bug: stats().samples guesses the batch length from "
+                                      "the collated output (_batch_len), 1 for a list of ints")
 def test_stats_count_samples_with_a_custom_collate():
     """``samples`` counts samples, whatever ``collate_fn`` makes of them."""
     with AsyncLoader(Squares(), batch_size=3, collate_fn=lambda b: [s[1] for s in b]) as al:
