@@ -124,19 +124,24 @@ def test_reads_keep_many_requests_in_flight(http_server):
     src.close()
 
 
-# -- faults --------------------------------------------------------------------------------
+# -- faults (through the lean client and through fsspec's aiohttp one) ---------------------
 
-def test_503_is_retried_then_succeeds(image_tree, http_server):
+@pytest.fixture(params=[True, False], ids=["lean", "aiohttp"])
+def fast(request):
+    return request.param
+
+
+def test_503_is_retried_then_succeeds(image_tree, http_server, fast):
     http_server.add_fault(FILE, "status", status=503, times=3)
-    src = fast_source(http_server.url, retries=5)
+    src = fast_source(http_server.url, retries=5, fast=fast)
     assert src.read_sync(_url(http_server, FILE)) == _bytes(image_tree, FILE)
     assert http_server.count(FILE) == 4
     src.close()
 
 
-def test_503_forever_gives_up_after_retries(http_server):
+def test_503_forever_gives_up_after_retries(http_server, fast):
     http_server.add_fault(FILE, "status", status=503)
-    src = fast_source(http_server.url, retries=3)
+    src = fast_source(http_server.url, retries=3, fast=fast)
     url = _url(http_server, FILE)
     with pytest.raises(RemoteReadError) as info:
         src.read_sync(url)
@@ -159,9 +164,9 @@ def test_backoff_grows_with_jitter(http_server):
 
 @pytest.mark.parametrize("status,exc", [(404, FileNotFoundError), (403, PermissionError),
                                         (401, PermissionError), (400, RemoteReadError)])
-def test_permanent_errors_are_not_retried(http_server, status, exc):
+def test_permanent_errors_are_not_retried(http_server, status, exc, fast):
     http_server.add_fault(FILE, "status", status=status)
-    src = fast_source(http_server.url, retries=5, backoff=5.0)
+    src = fast_source(http_server.url, retries=5, backoff=5.0, fast=fast)
     url = _url(http_server, FILE)
     t0 = time.perf_counter()
     with pytest.raises(exc) as info:
@@ -172,8 +177,8 @@ def test_permanent_errors_are_not_retried(http_server, status, exc):
     src.close()
 
 
-def test_missing_file_is_file_not_found(http_server):
-    src = fast_source(http_server.url)
+def test_missing_file_is_file_not_found(http_server, fast):
+    src = fast_source(http_server.url, fast=fast)
     url = http_server.url + "cat/missing.jpg"
     with pytest.raises(FileNotFoundError) as info:
         src.read_sync(url)
@@ -182,9 +187,9 @@ def test_missing_file_is_file_not_found(http_server):
     src.close()
 
 
-def test_stalled_body_hits_the_timeout(http_server):
+def test_stalled_body_hits_the_timeout(http_server, fast):
     http_server.add_fault(FILE, "stall", after=200)
-    src = fast_source(http_server.url, timeout=0.3, retries=1)
+    src = fast_source(http_server.url, timeout=0.3, retries=1, fast=fast)
     url = _url(http_server, FILE)
     t0 = time.perf_counter()
     with pytest.raises(RemoteTimeoutError) as info:
@@ -196,34 +201,34 @@ def test_stalled_body_hits_the_timeout(http_server):
     src.close()
 
 
-def test_stalled_headers_hit_the_timeout(http_server):
+def test_stalled_headers_hit_the_timeout(http_server, fast):
     http_server.add_fault(FILE, "delay", delay=30.0)
-    src = fast_source(http_server.url, timeout=0.3, retries=0)
+    src = fast_source(http_server.url, timeout=0.3, retries=0, fast=fast)
     with pytest.raises(RemoteTimeoutError):
         src.read_sync(_url(http_server, FILE))
     src.close()
 
 
-def test_stall_once_then_retry_succeeds(image_tree, http_server):
+def test_stall_once_then_retry_succeeds(image_tree, http_server, fast):
     http_server.add_fault(FILE, "stall", after=100, times=1)
-    src = fast_source(http_server.url, timeout=0.3, retries=2)
+    src = fast_source(http_server.url, timeout=0.3, retries=2, fast=fast)
     assert src.read_sync(_url(http_server, FILE)) == _bytes(image_tree, FILE)
     src.close()
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_dropped_connection_is_retried(image_tree, http_server, chunked):
+def test_dropped_connection_is_retried(image_tree, http_server, chunked, fast):
     http_server.add_fault(FILE, "drop", after=500, times=2, chunked=chunked)
-    src = fast_source(http_server.url, retries=3)
+    src = fast_source(http_server.url, retries=3, fast=fast)
     assert src.read_sync(_url(http_server, FILE)) == _bytes(image_tree, FILE)
     assert http_server.count(FILE) == 3
     src.close()
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_dropped_connection_never_yields_a_partial_file(http_server, chunked):
+def test_dropped_connection_never_yields_a_partial_file(http_server, chunked, fast):
     http_server.add_fault(FILE, "drop", after=500, chunked=chunked)
-    src = fast_source(http_server.url, retries=2)
+    src = fast_source(http_server.url, retries=2, fast=fast)
     url = _url(http_server, FILE)
     with pytest.raises(RemoteReadError) as info:
         src.read_sync(url)
@@ -241,9 +246,9 @@ def test_dropped_connection_never_yields_a_partial_file(http_server, chunked):
     src.close()
 
 
-def test_short_body_against_listed_size_is_rejected(image_tree, http_server):
+def test_short_body_against_listed_size_is_rejected(image_tree, http_server, fast):
     """Where the listing gave a size, a body of another length is never returned."""
-    src = fast_source(http_server.url, retries=1)
+    src = fast_source(http_server.url, retries=1, fast=fast)
     url = _url(http_server, FILE)
     src._sizes[url] = len(_bytes(image_tree, FILE)) + 1  # as if the listing said so
     with pytest.raises(RemoteReadError, match="expected"):
@@ -252,11 +257,11 @@ def test_short_body_against_listed_size_is_rejected(image_tree, http_server):
     src.close()
 
 
-def test_server_gone_is_an_error_not_a_hang(image_tree):
+def test_server_gone_is_an_error_not_a_hang(image_tree, fast):
     from asyncfeed._httpserve import DirectoryServer
     with DirectoryServer(image_tree) as server:
         url = server.url
-    src = fast_source(url, retries=1, timeout=1.0)
+    src = fast_source(url, retries=1, timeout=1.0, fast=fast)
     with pytest.raises(RemoteReadError):
         src.read_sync(url + "cat/im%200.jpg")
     src.close()
