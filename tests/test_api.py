@@ -46,7 +46,6 @@ def test_all_is_sorted_and_is_the_public_names():
         assert getattr(asyncfeed, n) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="bug: AsyncLoader.epoch (a property) has no docstring")
 def test_public_names_are_documented():
     for n in asyncfeed.__all__:
         obj = getattr(asyncfeed, n)

@@ -312,7 +312,6 @@ def test_many_short_epochs(kind):
     assert wait_no_threads() == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fetch-worker tasks of a dropped async pass can be destroyed pending when the loop closes (finalizer path); see issue note")
 def test_abandoned_async_passes_leave_no_orphaned_tasks(caplog):
     """Dropping a pass over an async dataset: its event-loop tasks are cancelled and
     awaited on the loop, not destroyed pending by the garbage collector of another

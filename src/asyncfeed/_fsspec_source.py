@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import os
 import random
 import threading
@@ -35,323 +34,11 @@ import fsspec
 import fsspec.asyn
 
 from ._cache import DiskCache, MemoryCache
-from ._errors import AsyncFeedError
+from ._remote_conn import LoopConn, close_conn_soon, open_conn
+from ._remote_errors import (RemoteReadError, RemoteTimeoutError, SizeMismatch, classify,
+                             status_and_code)
 
 __all__ = ["FsspecSource", "RemoteReadError", "RemoteTimeoutError"]
-
-
-class RemoteReadError(AsyncFeedError, OSError):
-    """A remote read failed for good (retries exhausted, or an error not worth retrying).
-
-    ``url`` is the URL; the last underlying error is chained as ``__cause__``;
-    ``attempts`` is how many requests were made.
-    """
-
-    def __init__(self, url: str, message: str, attempts: int = 1) -> None:
-        super().__init__(f"{url}: {message}")
-        self.url = url
-        self.attempts = attempts
-
-    def __reduce__(self):
-        return (_rebuild_remote_error, (type(self), self.url, self.args[0], self.attempts))
-
-
-class RemoteTimeoutError(RemoteReadError, TimeoutError):
-    """Every attempt of a remote read ran past the per-read ``timeout``."""
-
-
-def _rebuild_remote_error(cls, url, full_message, attempts):
-    err = cls.__new__(cls)
-    OSError.__init__(err, full_message)
-    err.url, err.attempts = url, attempts
-    return err
-
-
-class _SizeMismatch(OSError):
-    """The body was not as long as the listing said (a transient truncation)."""
-
-
-# -- error classification ------------------------------------------------------------
-
-_THROTTLE_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-    "RequestThrottled", "TooManyRequests", "TooManyRequestsException",
-    "ProvisionedThroughputExceededException", "RequestTimeout", "RequestTimeoutException",
-    "InternalError", "ServiceUnavailable", "BandwidthLimitExceeded", "PriorRequestNotComplete",
-})
-_MISSING_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
-_DENIED_CODES = frozenset({"AccessDenied", "Forbidden", "403", "InvalidAccessKeyId",
-                           "SignatureDoesNotMatch", "ExpiredToken", "AllAccessDisabled"})
-_TRANSIENT_ERRNOS = frozenset(filter(None, (
-    errno.EIO, errno.EBUSY, errno.EAGAIN, errno.ECONNRESET, errno.ECONNABORTED,
-    errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE, errno.ENETUNREACH, errno.EHOSTUNREACH,
-    getattr(errno, "EREMOTEIO", None))))
-
-
-def _transient_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [TimeoutError, asyncio.TimeoutError, ConnectionError,
-                                        EOFError, _SizeMismatch]
-    try:
-        import aiohttp
-        types += [aiohttp.ClientPayloadError, aiohttp.ClientConnectionError]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from botocore import exceptions as bx
-        types += [bx.HTTPClientError, bx.IncompleteReadError, bx.ResponseStreamingError]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from fsspec.exceptions import FSTimeoutError
-        types.append(FSTimeoutError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(types)
-
-
-_TRANSIENT_TYPES: tuple[type[BaseException], ...] | None = None
-
-
-def _status_and_code(e: BaseException) -> tuple[int | None, str | None, float | None]:
-    """HTTP status, S3 error code and Retry-After found on ``e`` or its causes."""
-    seen = 0
-    cur: BaseException | None = e
-    while cur is not None and seen < 6:
-        response = getattr(cur, "response", None)  # botocore ClientError, S3StatusError
-        if isinstance(response, dict):
-            err = response.get("Error") or {}
-            meta = response.get("ResponseMetadata") or {}
-            status = meta.get("HTTPStatusCode")
-            retry_after = getattr(cur, "retry_after", None)
-            return (status if isinstance(status, int) else None), err.get("Code"), retry_after
-        status = getattr(cur, "status", None)
-        if isinstance(status, int) and 100 <= status < 600:  # aiohttp, HTTPStatusError
-            retry_after = getattr(cur, "retry_after", None)
-            headers = getattr(cur, "headers", None)
-            if retry_after is None and headers:
-                try:
-                    retry_after = float(headers.get("Retry-After", ""))
-                except ValueError:
-                    pass
-            return status, None, retry_after
-        cur = cur.__cause__ or cur.__context__
-        seen += 1
-    return None, None, None
-
-
-def classify(e: BaseException) -> str:
-    """``"missing"``, ``"denied"``, ``"transient"`` or ``"permanent"``."""
-    global _TRANSIENT_TYPES
-    if isinstance(e, FileNotFoundError):
-        return "missing"
-    if isinstance(e, PermissionError):
-        return "denied"
-    status, code, _ = _status_and_code(e)
-    if code in _MISSING_CODES:
-        return "missing"
-    if code in _DENIED_CODES:
-        return "denied"
-    if code in _THROTTLE_CODES:
-        return "transient"
-    if status is not None:
-        if status in (404, 410):
-            return "missing"
-        if status in (401, 403):
-            return "denied"
-        if status in (408, 425, 429) or status >= 500:
-            return "transient"
-        if status >= 400:
-            return "permanent"
-    if _TRANSIENT_TYPES is None:
-        _TRANSIENT_TYPES = _transient_types()
-    if isinstance(e, _TRANSIENT_TYPES):
-        return "transient"
-    if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
-        return "transient"
-    return "permanent"
-
-
-# -- per-event-loop connections -------------------------------------------------------
-
-async def _http_client(limit: int, **kwargs: Any):
-    """aiohttp session for fsspec's HTTPFileSystem with a connection pool of ``limit``."""
-    import aiohttp
-    kwargs.pop("loop", None)
-    if "connector" not in kwargs:
-        kwargs["connector"] = aiohttp.TCPConnector(limit=limit, limit_per_host=0,
-                                                   ttl_dns_cache=300)
-    return aiohttp.ClientSession(**kwargs)
-
-
-class _Conn:
-    """A filesystem object bound to one event loop, and how to read and close with it."""
-
-    __slots__ = ("loop", "fs", "cat", "_close", "__weakref__")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fs: Any,
-                 cat: Callable[[str, int | None, int | None], Awaitable[bytes]],
-                 close: Callable[[], Awaitable[None]]) -> None:
-        self.loop, self.fs, self.cat, self._close = loop, fs, cat, close
-
-    async def close(self) -> None:
-        await self._close()
-
-
-# fsspec HTTP options that leave requests plain GETs (the lean client can send them)
-_PLAIN_HTTP_OPTIONS = frozenset({
-    "headers", "simple_links", "same_scheme", "block_size", "cache_type", "cache_options",
-    "size_policy", "use_listings_cache", "listings_expiry_time", "max_paths", "encoded"})
-
-
-def _open_conn(protocol: str, storage_options: dict[str, Any], max_connections: int,
-               timeout: float | None, fast: bool = True) -> _Conn:
-    """Make a filesystem object for the running loop (called in the loop's thread)."""
-    loop = asyncio.get_running_loop()
-    cls = fsspec.get_filesystem_class(protocol)
-    opts = dict(storage_options)
-    opts["skip_instance_cache"] = True
-    if not getattr(cls, "async_impl", False):
-        fs = cls(**opts)
-
-        async def cat_sync(path: str, start: int | None, end: int | None) -> bytes:
-            return await loop.run_in_executor(None, functools.partial(fs.cat_file, path,
-                                                                      start=start, end=end))
-
-        async def nothing() -> None:
-            return None
-
-        return _Conn(loop, fs, cat_sync, nothing)
-
-    if protocol in ("http", "https"):
-        opts.setdefault("get_client", functools.partial(_http_client, max_connections))
-    elif protocol in ("s3", "s3a"):
-        opts.setdefault("max_concurrency", 1)  # else every _cat_file starts with a HEAD
-        config = dict(opts.get("config_kwargs") or {})
-        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
-        config.setdefault("max_pool_connections", max_connections)  # botocore default: 10
-        if timeout is not None:
-            config.setdefault("connect_timeout", timeout)
-            config.setdefault("read_timeout", timeout)
-        opts["config_kwargs"] = config
-    fs = cls(asynchronous=True, **opts)
-    if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
-        fs.retries = 1  # s3fs' own retry loop: one attempt; we retry with our backoff
-        if fast:
-            return _s3_conn(loop, fs, max_connections)
-    if protocol in ("http", "https") and fast and set(storage_options) <= _PLAIN_HTTP_OPTIONS:
-        return _http_conn(loop, fs, max_connections, storage_options.get("headers"))
-
-    async def cat(path: str, start: int | None, end: int | None) -> bytes:
-        return await fs._cat_file(path, start=start, end=end)
-
-    async def close() -> None:
-        await _close_async_fs(fs)
-
-    return _Conn(loop, fs, cat, close)
-
-
-def _http_conn(loop: asyncio.AbstractEventLoop, fs: Any, max_connections: int,
-               headers: dict[str, str] | None) -> _Conn:
-    """Reads through the lean client of :mod:`asyncfeed._http11`; listing through fsspec."""
-    from ._http11 import HTTPPool, HTTPStatusError
-    pool = HTTPPool(max_connections, headers=headers)
-
-    async def cat(path: str, start: int | None, end: int | None) -> bytes:
-        ranged = None
-        if start is not None or end is not None:
-            if start is None or end is None or start < 0 or end < 0:
-                return await fs._cat_file(path, start=start, end=end)  # needs the size
-            if end <= start:
-                return b""
-            ranged = {"Range": f"bytes={start}-{end - 1}"}
-        r = await pool.get(path, ranged)
-        if r.status == 200:
-            return r.body if ranged is None else r.body[start:end]  # Range ignored: slice
-        if r.status == 206 and ranged is not None:
-            return r.body
-        if r.status in (404, 410):
-            raise FileNotFoundError(errno.ENOENT, f"HTTP {r.status}", path)
-        raise HTTPStatusError(r.status, path, r.headers.get("retry-after"),
-                              r.body[:200].decode("utf-8", "replace").strip())
-
-    async def close() -> None:
-        await pool.close()
-        await _close_async_fs(fs)
-
-    return _Conn(loop, fs, cat, close)
-
-
-def _s3_conn(loop: asyncio.AbstractEventLoop, fs: Any, max_connections: int) -> _Conn:
-    """Reads through :class:`~asyncfeed._s3fast.S3FastReader` where it can, else s3fs."""
-    from ._s3fast import S3FastReader
-    state: dict[str, Any] = {"reader": None, "task": None, "session": None}
-
-    async def make_reader() -> S3FastReader | None:
-        from ._http11 import HTTPPool
-        pool = HTTPPool(max_connections)
-        state["session"] = pool
-        reader = await S3FastReader.create(fs, pool)
-        if reader is None:
-            await pool.close()
-            state["session"] = None
-        return reader
-
-    async def cat(path: str, start: int | None, end: int | None) -> bytes:
-        reader = state["reader"]
-        if reader is None:
-            if state["task"] is None:
-                state["task"] = asyncio.ensure_future(make_reader())
-            reader = state["reader"] = (await state["task"]) or False
-        if reader:
-            bucket, key, version = fs.split_path(path)
-            if not version:
-                data = await reader.get(bucket, key, start, end)
-                if data is not None:
-                    return data
-        return await fs._cat_file(path, start=start, end=end)
-
-    async def close() -> None:
-        task = state["task"]
-        if task is not None and not task.done():
-            task.cancel()
-        if state["session"] is not None:
-            await state["session"].close()
-        await _close_async_fs(fs)
-
-    return _Conn(loop, fs, cat, close)
-
-
-async def _close_async_fs(fs: Any) -> None:
-    """Close what an async fsspec filesystem opened on the running loop (best effort)."""
-    creator = getattr(fs, "_s3creator", None)  # s3fs
-    if creator is not None:
-        if hasattr(creator, "clear"):
-            await creator.clear()
-        else:
-            await creator.__aexit__(None, None, None)
-        fs._s3 = fs._s3creator = None
-        return
-    for name in ("_session", "session"):  # fsspec http, gcsfs and friends: aiohttp sessions
-        try:
-            session = getattr(fs, name, None)
-        except Exception:  # properties that raise when nothing is open
-            session = None
-        if session is not None and hasattr(session, "close") and not getattr(session, "closed", True):
-            result = session.close()
-            if asyncio.iscoroutine(result):
-                await result
-            return
-
-
-def _close_conn_soon(conn: _Conn) -> None:
-    """Finalizer for the connection on fsspec's I/O loop (it outlives any source)."""
-    loop = conn.loop
-    if loop.is_closed() or not loop.is_running():
-        return
-    try:
-        asyncio.run_coroutine_threadsafe(conn.close(), loop)
-    except RuntimeError:  # pragma: no cover - loop shutting down
-        pass
 
 
 _SOURCES: weakref.WeakSet[FsspecSource] = weakref.WeakSet()
@@ -458,7 +145,7 @@ class FsspecSource:
 
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, LoopConn] = {}
         self._rng = random.Random()
         _SOURCES.add(self)
 
@@ -479,7 +166,7 @@ class FsspecSource:
                 f"cache={self._cache_mode!r})")
 
     # -- connections -----------------------------------------------------------------
-    def _conn(self) -> _Conn:
+    def _conn(self) -> LoopConn:
         loop = asyncio.get_running_loop()
         conn = self._conns.get(id(loop))
         if conn is not None and conn.loop is loop:
@@ -487,11 +174,11 @@ class FsspecSource:
         with self._lock:
             conn = self._conns.get(id(loop))
             if conn is None or conn.loop is not loop:
-                conn = _open_conn(self.protocol, self.storage_options, self.max_connections,
+                conn = open_conn(self.protocol, self.storage_options, self.max_connections,
                                   self.timeout, self.fast)
                 self._conns[id(loop)] = conn
                 if loop is fsspec.asyn.loop[0]:  # fsspec's I/O loop outlives this source
-                    weakref.finalize(self, _close_conn_soon, conn)
+                    weakref.finalize(self, close_conn_soon, conn)
         return conn
 
     async def close_io(self) -> None:
@@ -575,7 +262,7 @@ class FsspecSource:
             self.memory_cache.put(path, data)
         return data
 
-    async def _retrying(self, url: str, op: Callable[[_Conn], Awaitable[Any]],
+    async def _retrying(self, url: str, op: Callable[[LoopConn], Awaitable[Any]],
                         expected: int | None = None) -> Any:
         conn = self._conn()
         attempt = 0
@@ -584,7 +271,7 @@ class FsspecSource:
             try:
                 result = await _with_timeout(op(conn), self.timeout)
                 if expected is not None and len(result) != expected:
-                    raise _SizeMismatch(errno.EIO, f"got {len(result)} bytes, expected {expected}")
+                    raise SizeMismatch(errno.EIO, f"got {len(result)} bytes, expected {expected}")
                 return result
             except Exception as e:  # CancelledError (a BaseException) passes through
                 kind = classify(e)
@@ -595,14 +282,14 @@ class FsspecSource:
     def _delay(self, attempt: int, e: BaseException) -> float:
         cap = min(self.max_backoff, self.backoff * (2 ** (attempt - 1)))
         delay = cap / 2 + self._rng.uniform(0, cap / 2)
-        retry_after = _status_and_code(e)[2]
+        retry_after = status_and_code(e)[2]
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.max_backoff))
         return delay
 
     def _final_error(self, url: str, e: BaseException, kind: str, attempts: int) -> BaseException:
         what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        status, code, _ = _status_and_code(e)
+        status, code, _ = status_and_code(e)
         tag = " ".join(x for x in (f"HTTP {status}" if status else "", code or "") if x)
         if tag and tag not in what:
             what = f"{tag}; {what}"

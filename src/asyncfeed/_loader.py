@@ -210,6 +210,7 @@ class AsyncLoader:
 
     @property
     def epoch(self) -> int:
+        """The epoch the next pass plans (set by ``set_epoch`` or a loaded state)."""
         return self._epoch
 
     def __len__(self) -> int:
@@ -243,6 +244,7 @@ class AsyncLoader:
         except BaseException:
             runtime.close()
             raise
+        runtime.keepalive = pipeline
         it = _Iterator(self, pipeline, runtime)
         if not self._iterable:
             it._set_origin(self._pending_replay, self._pending_pos)

@@ -58,6 +58,9 @@ class Runtime:
         self._loop_thread: threading.Thread | None = None
         self._io_pool: cf.ThreadPoolExecutor | None = None
         self._on_loop_close = on_loop_close
+        # whatever runs on the loop (the pipeline) stays alive until the loop has
+        # drained: asyncio holds pending tasks only weakly
+        self.keepalive: object = None
         if with_loop:
             self.loop = new_event_loop()
             # aiofiles and run_in_executor use the loop's default executor: make it ours.
@@ -87,6 +90,7 @@ class Runtime:
                 loop.run_until_complete(self._drain(loop))
             finally:
                 loop.close()
+                self.keepalive = None
                 if self._io_pool is not None:  # its idle threads exit on their own
                     self._io_pool.shutdown(wait=False, cancel_futures=True)
 
