@@ -21,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import functools
+import logging
 from typing import Any, Awaitable, Callable
 
 import fsspec
 
 __all__ = ["LoopConn", "close_conn_soon", "open_conn"]
+
+logger = logging.getLogger("asyncfeed.remote")
 
 
 async def _http_client(limit: int, **kwargs: Any):
@@ -145,7 +148,11 @@ def _s3_conn(loop: asyncio.AbstractEventLoop, fs: Any, max_connections: int) -> 
         from ._http11 import HTTPPool
         pool = HTTPPool(max_connections)
         state["session"] = pool
-        reader = await S3FastReader.create(fs, pool)
+        try:
+            reader = await S3FastReader.create(fs, pool)
+        except Exception as e:  # credentials or client set-up: s3fs will report it
+            logger.debug("S3 fast path unavailable: %s: %s", type(e).__name__, e)
+            reader = None
         if reader is None:
             await pool.close()
             state["session"] = None

@@ -28,7 +28,6 @@ import asyncio
 import collections
 import io
 import logging
-import os
 import random
 import re
 import tarfile
