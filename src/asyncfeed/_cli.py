@@ -96,13 +96,45 @@ def _cores() -> int:
     return os.cpu_count() or 1
 
 
-def bench(args: argparse.Namespace) -> int:
+def _prepare_data(args: argparse.Namespace, images: int, samples: int, scratch: str) -> dict:
+    """The folder the runs read (generated, or a listed subset of ``--data``), warmed."""
     from tqdm import tqdm
 
     from . import _synthetic
+    from ._bench.workloads import warm_page_cache, write_subset_listing
+    t0 = time.time()
+    if args.data:
+        root = os.path.abspath(os.path.expanduser(args.data))
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"no such directory: {root}")
+        print(f"asyncfeed bench: listing {root} ...", file=sys.stderr)
+        listing = os.path.join(scratch, "listing.json")
+        info = {"root": root, "synthetic": False, "listing": listing,
+                **write_subset_listing(root, samples, args.seed, listing)}
+    else:
+        parent = args.cache or _synthetic.cache_root()
+        classes = min(10, images)
+        if not _synthetic.is_complete(os.path.join(
+                parent, _synthetic.dataset_name(images, classes, args.seed))):
+            with tqdm(total=images, desc="generating synthetic JPEGs", unit="img",
+                      file=sys.stderr, leave=False) as bar:
+                root = _synthetic.ensure_synthetic(images, classes, seed=args.seed, root=parent,
+                                                   progress=bar.update)
+        else:
+            root = _synthetic.ensure_synthetic(images, classes, seed=args.seed, root=parent)
+        info = {"root": root, "synthetic": True, "listing": None, **_synthetic.summary(root)}
+    info["prepare_s"] = time.time() - t0
+    info["bytes_read_to_warm_page_cache"] = warm_page_cache(root, info["listing"])
+    return info
+
+
+def bench(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from tqdm import tqdm
+
     from ._bench import report
     from ._bench.runner import Bench, Settings, default_threads, default_workers, machine_info
-    from ._bench.workloads import warm_page_cache
 
     t_start = time.time()
     cores = _cores()
@@ -110,62 +142,44 @@ def bench(args: argparse.Namespace) -> int:
     batch = args.batch_size or (8 if quick else 32)
     samples = args.samples or (4 * batch if quick else 640)
     images = args.images or (64 if quick else 1000)
+    threads = args.threads or ((2,) if quick else default_threads(cores))
+    if 0 in threads:
+        print("asyncfeed bench: --threads must be >= 1", file=sys.stderr)
+        return 2
     device = args.device
     if device == "auto":
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
-
-    data_info: dict = {}
-    if args.data:
-        root = os.path.abspath(os.path.expanduser(args.data))
-        if not os.path.isdir(root):
-            print(f"asyncfeed bench: no such directory: {root}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="asyncfeed-bench-data-") as scratch:
+        try:
+            data = _prepare_data(args, images, samples, scratch)
+        except FileNotFoundError as e:
+            print(f"asyncfeed bench: {e}", file=sys.stderr)
             return 2
-        synthetic = False
-        data_info = {"root": root}
-    else:
-        synthetic = True
-        parent = args.cache or _synthetic.cache_root()
-        name = _synthetic.dataset_name(images, min(10, images), args.seed)
-        if not _synthetic.is_complete(os.path.join(parent, name)):
-            with tqdm(total=images, desc="generating synthetic JPEGs", unit="img",
-                      file=sys.stderr, leave=False) as bar:
-                root = _synthetic.ensure_synthetic(images, min(10, images), seed=args.seed,
-                                                   root=parent, progress=bar.update)
-        else:
-            root = _synthetic.ensure_synthetic(images, min(10, images), seed=args.seed, root=parent)
-        data_info = {"root": root, **_synthetic.summary(root)}
-    data_info["generated_or_checked_s"] = time.time() - t_start
-    if synthetic:
-        data_info["bytes_read_to_warm_page_cache"] = warm_page_cache(root)
-
-    settings = Settings(
-        root=root, synthetic=synthetic, size=args.size, batch_size=batch,
-        workloads=tuple(args.workloads), families=tuple(args.contenders),
-        repeats=args.repeats or (1 if quick else 3),
-        samples=samples, samples_ram=max(batch, samples * 4 // 5) if not quick else samples,
-        samples_gil=max(batch, samples // 2),
-        workers=args.workers or ((0, 2) if quick else default_workers(cores)),
-        threads=args.threads or ((2,) if quick else default_threads(cores)),
-        cores=cores, ram_mb=args.ram_mb if args.ram_mb is not None else (8.0 if quick else 192.0),
-        step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
-        quick=quick, interpolation=args.interpolation, ttfb_workers=1 if quick else cores,
-        sweep_asyncfeed=not quick, single_limit=not quick)
-    if 0 in settings.threads:
-        print("asyncfeed bench: --threads must be >= 1", file=sys.stderr)
-        return 2
-
-    runner = Bench(settings)
-    runner.plan()
-    for fam, why in runner.skipped.items():
-        print(f"asyncfeed bench: {fam}: {why}", file=sys.stderr)
-    with tqdm(total=runner.n_runs(), desc="asyncfeed bench", unit="run", file=sys.stderr,
-              dynamic_ncols=True) as bar:
-        runner.progress = bar
-        runner.run()
+        settings = Settings(
+            root=data["root"], synthetic=data["synthetic"], listing=data["listing"],
+            size=args.size, batch_size=batch, workloads=tuple(args.workloads),
+            families=tuple(args.contenders), repeats=args.repeats or (1 if quick else 3),
+            samples=samples, samples_ram=samples if quick else max(batch, samples * 4 // 5),
+            samples_gil=max(batch, samples // 2),
+            workers=args.workers or ((0, 2) if quick else default_workers(cores)),
+            threads=threads, cores=cores,
+            ram_mb=args.ram_mb if args.ram_mb is not None else (8.0 if quick else 192.0),
+            step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
+            quick=quick, interpolation=args.interpolation,
+            ttfb_workers=1 if quick else cores, sweep_asyncfeed=not quick,
+            single_limit=not quick)
+        runner = Bench(settings)
+        runner.plan()
+        for fam, why in runner.skipped.items():
+            print(f"asyncfeed bench: {fam}: {why}", file=sys.stderr)
+        with tqdm(total=runner.n_runs(), desc="asyncfeed bench", unit="run", file=sys.stderr,
+                  dynamic_ncols=True) as bar:
+            runner.progress = bar
+            runner.run()
     results = runner.results()
     results["machine"] = machine_info()
-    results["data"] = data_info
+    results["data"] = data
     results["command"] = ["asyncfeed", "bench"] + list(args._argv)
     results["elapsed_s"] = time.time() - t_start
     results["memory_metric"] = "pss" if _has_pss() else "rss"

@@ -123,7 +123,6 @@ def execute(spec: dict) -> dict:
         del it
         handle.close()
         del handle
-        gc.collect()
     t_closed = time.perf_counter()
     cpu1 = _cpu()
     pause_s = t_resume - t_last

@@ -59,7 +59,9 @@ def render(results: dict) -> str:
     data = results.get("data", {})
     desc = (f"synthetic set: {data.get('n_images')} JPEGs, mean {data.get('mean_bytes', 0) / 1e3:.0f}"
             f" KB, mean {data.get('mean_width', 0):.0f}x{data.get('mean_height', 0):.0f}"
-            if s["synthetic"] else f"data: {s['root']}")
+            if s["synthetic"] else
+            f"data: {s['root']} ({data.get('files_used')} of its {data.get('files_in_tree')} "
+            "files, picked at random)")
     other = min(s["repeats"], s["repeats_other"])
     rounds = (f"{s['repeats']} round{'s' if s['repeats'] != 1 else ''}" if other == s["repeats"] else
               f"{s['repeats']} rounds for (a) and (b), {other} for the rest")
@@ -79,12 +81,13 @@ def render(results: dict) -> str:
                             "x w=2 CPU", "peak PSS MB", "1st batch s"], rows))
     if summ.get("step"):
         step_ms = (results.get("step_s") or 0) * 1e3
-        rows = [[_name(r), _fmt(r.get("wait_fraction"), "pct"), _fmt(r.get("rate"), ",.0f")]
+        roles = {"best": "its best in (a)", "reference": "w = cores", "default": "defaults"}
+        rows = [[_name(r), roles.get(r.get("role"), r.get("role") or ""),
+                 _fmt(r.get("wait_fraction"), "pct"), _fmt(r.get("rate"), ",.0f")]
                 for r in summ["step"]]
-        parts.append(f"\n(a) with a simulated training step of {step_ms:.1f} ms per batch "
-                     f"(a model that takes {s['step_load']:.0%} of the limit's rate); "
-                     "roles: best / reference w=cores / default")
-        parts.append(table(["contender", "step time waiting", "samples/s"], rows))
+        parts.append(f"\n(a) + a simulated training step of {step_ms:.1f} ms per batch (a model "
+                     f"that consumes {s['step_load']:.0%} of the limit's rate)")
+        parts.append(table(["contender", "setting", "time waiting for data", "samples/s"], rows))
     if "b" in summ:
         rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
                  _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("memory_vs_w0"), ".2f"),

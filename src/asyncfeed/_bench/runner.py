@@ -31,6 +31,7 @@ class Settings:
 
     root: str
     synthetic: bool
+    listing: str | None = None  # --data: the files used, listed once (see workloads)
     size: int = 224
     batch_size: int = 32
     workloads: tuple[str, ...] = ("a", "b", "c", "d")
@@ -225,9 +226,11 @@ class Bench:
         s = self.s
         samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil,
                    "gil-numpy": s.samples_gil}[cfg.dataset]
+        if cfg.mode == "step":  # paced by the step, not by the loader: half as many do
+            samples = max(4 * s.batch_size, samples // 2)
         ds: dict[str, Any] = {"kind": cfg.dataset, "root": s.root, "size": s.size,
                               "samples": samples, "seed": s.seed,
-                              "interpolation": s.interpolation,
+                              "interpolation": s.interpolation, "listing": s.listing,
                               "io": "async" if cfg.family == "asyncfeed-async" else "thread"}
         if cfg.dataset == "ram":
             ds["floats_per_sample"] = max(1, int(s.ram_mb * 2**20 / max(1, samples) / 32))

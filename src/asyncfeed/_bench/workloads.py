@@ -31,6 +31,7 @@ import torch
 
 from .._folder import ImageFolder
 from .._image import decode_image
+from .._local_source import LocalSource
 
 WORKLOADS = {
     "a": "JPEG folder in the page cache",
@@ -159,6 +160,50 @@ class VectorisedFolder(GilFolder):
     transform = staticmethod(vectorised_transform)
 
 
+class ListedSource(LocalSource):
+    """A local folder whose listing is given (a subset of a large ``--data`` tree).
+
+    Listing ImageNet's 1.28 M files takes seconds; every run builds its data set
+    afresh, so the benchmark lists the tree once, picks the files it will use,
+    and hands each run that listing.  Reads are a plain ``LocalSource``'s.
+    """
+
+    def __init__(self, root: str, listing: dict[str, list[str]]) -> None:
+        super().__init__(root)
+        self.listing = listing
+
+    def list_dirs(self) -> list[str]:
+        return sorted(self.listing)
+
+    def list_files(self, subdir: str) -> list[str]:
+        return list(self.listing.get(subdir, []))
+
+
+def write_subset_listing(root: str, n: int, seed: int, path: str) -> dict:
+    """List ``root`` once (torchvision's order), pick ``n`` files at random, save to ``path``."""
+    import json
+    full = ImageFolder(root, None)
+    idx = sorted(np.random.default_rng(seed).permutation(len(full))[:n].tolist())
+    listing: dict[str, list[str]] = {}
+    for i in idx:
+        p, label = full.samples[i]
+        listing.setdefault(full.classes[label], []).append(p)
+    with open(path, "w") as f:
+        json.dump(listing, f)
+    return {"files_in_tree": len(full), "classes_in_tree": len(full.classes),
+            "files_used": len(idx), "classes_used": len(listing)}
+
+
+def _open_folder(cls: type, spec: dict) -> Any:
+    kw: dict[str, Any] = {"interpolation": spec.get("interpolation", "area"),
+                          "io": spec.get("io", "thread")}
+    if spec.get("listing"):
+        import json
+        with open(spec["listing"]) as f:
+            kw["source"] = ListedSource(spec["root"], json.load(f))
+    return cls(spec["root"], spec["size"], **kw)
+
+
 def sample_order(n_available: int, n_samples: int, seed: int) -> list[int]:
     """The indices every contender visits, in order: a seeded shuffle, cycled if short."""
     perm = np.random.default_rng(seed).permutation(n_available).tolist()
@@ -169,17 +214,15 @@ def sample_order(n_available: int, n_samples: int, seed: int) -> list[int]:
 def build_dataset(spec: dict) -> tuple[Any, list[int]]:
     """``(dataset, order)`` for a run's ``dataset`` spec (built in the running process)."""
     kind = spec["kind"]
-    root, size, seed = spec["root"], spec["size"], spec.get("seed", 0)
-    interp = spec.get("interpolation", "area")
+    size, seed = spec["size"], spec.get("seed", 0)
     if kind == "folder":
-        ds = ImageFolder(root, size, interpolation=interp, io=spec.get("io", "thread"))
+        ds = _open_folder(ImageFolder, spec)
         return ds, sample_order(len(ds), spec["samples"], seed)
     if kind in ("gil", "gil-numpy"):
-        cls = GilFolder if kind == "gil" else VectorisedFolder
-        ds = cls(root, size, interpolation=interp, io=spec.get("io", "thread"))
+        ds = _open_folder(GilFolder if kind == "gil" else VectorisedFolder, spec)
         return ds, sample_order(len(ds), spec["samples"], seed)
     if kind == "ram":
-        folder = ImageFolder(root, size)
+        folder = _open_folder(ImageFolder, {**spec, "io": "thread"})
         order = sample_order(len(folder), spec["samples"], seed)
         chosen = order[: min(len(order), len(folder))]
         paths = [folder.samples[i][0] for i in chosen]
@@ -190,12 +233,18 @@ def build_dataset(spec: dict) -> tuple[Any, list[int]]:
     raise ValueError(f"unknown data set kind {kind!r}")
 
 
-def warm_page_cache(root: str) -> int:
-    """Read every file under ``root`` once, so workload (a) starts from the page cache."""
+def warm_page_cache(root: str, listing: str | None = None) -> int:
+    """Read every file under ``root`` (or in ``listing``) once: workload (a) reads from
+    the page cache."""
+    if listing:
+        import json
+        with open(listing) as f:
+            paths = [p for files in json.load(f).values() for p in files]
+    else:
+        paths = [os.path.join(d, n) for d, _, files in os.walk(root) for n in files]
     total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                while chunk := f.read(1 << 20):
-                    total += len(chunk)
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
     return total
