@@ -91,3 +91,23 @@ def test_loader_with_disk_cache_skips_the_network_next_epoch(image_tree, http_se
     _same(_batches(remote), first)
     assert sum(http_server.requests.values()) == 0
     remote._source.close()
+
+
+def test_any_fsspec_filesystem_even_a_synchronous_one(image_tree):
+    """memory:// has no async interface: reads run in the loop's executor."""
+    import fsspec
+    mem = fsspec.filesystem("memory")
+    for dirpath, _, files in os.walk(image_tree):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                mem.pipe("/asyncfeed-test-tree/" + os.path.relpath(path, image_tree), f.read())
+    try:
+        local = ImageFolder(image_tree, 32)
+        remote = ImageFolder("memory://asyncfeed-test-tree", 32)
+        assert remote.classes == local.classes and remote.targets == local.targets
+        assert remote.use_async_fetch
+        _same(_batches(remote), _batches(local))
+        remote._source.close()
+    finally:
+        mem.rm("/asyncfeed-test-tree", recursive=True)

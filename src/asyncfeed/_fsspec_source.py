@@ -237,7 +237,7 @@ class FsspecSource:
 
     async def info(self, path: str) -> dict[str, Any]:
         """fsspec's ``info`` for ``path`` (size...), with timeout and retries."""
-        return await self._retrying(path, lambda conn: conn.fs._info(path))
+        return await self._retrying(path, lambda conn: conn.call("info", path))
 
     def _cache_get(self, path: str) -> bytes | None:
         size = self._sizes.get(path)
@@ -338,7 +338,7 @@ class FsspecSource:
         return list(self._tree[subdir])
 
     async def _ls(self, path: str) -> list[dict[str, Any]]:
-        return await self._retrying(path, lambda conn: conn.fs._ls(path, detail=True))
+        return await self._retrying(path, lambda conn: conn.call("ls", path, detail=True))
 
     async def _list_all(self) -> None:
         entries = await self._ls(self.root + "/" if self._is_http else self.root)
@@ -369,7 +369,7 @@ class FsspecSource:
             found = await self._crawl(rel_dir, sem or asyncio.Semaphore(self.list_concurrency))
         else:
             path = self.root + "/" + rel_dir
-            listing = await self._retrying(path, lambda conn: conn.fs._find(path, detail=True))
+            listing = await self._retrying(path, lambda conn: conn.call("find", path, detail=True))
             found = []
             for name, info in listing.items():
                 if info.get("type", "file") != "file" or name.endswith("/"):

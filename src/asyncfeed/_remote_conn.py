@@ -51,6 +51,14 @@ class LoopConn:
                  close: Callable[[], Awaitable[None]]) -> None:
         self.loop, self.fs, self.cat, self._close = loop, fs, cat, close
 
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``fs._<method>(...)`` of an async filesystem, or ``fs.<method>(...)`` of a
+        synchronous one in the loop's default executor (``ls``, ``find``, ``info``)."""
+        if getattr(self.fs, "async_impl", False):
+            return await getattr(self.fs, "_" + method)(*args, **kwargs)
+        func = functools.partial(getattr(self.fs, method), *args, **kwargs)
+        return await self.loop.run_in_executor(None, func)
+
     async def close(self) -> None:
         await self._close()
 
