@@ -328,3 +328,66 @@ def test_unknown_protocol_and_bad_options():
         FsspecSource("http://127.0.0.1:1/", cache="disk")
     with pytest.raises(ValueError):
         FsspecSource("http://127.0.0.1:1/", timeout=0)
+
+
+# -- the server helper itself --------------------------------------------------------------
+
+def test_serve_directory_helper(image_tree):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from asyncfeed._httpserve import serve_directory
+
+    with serve_directory(image_tree, latency=0.05) as url:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/")
+        names = [t.name for t in threading.enumerate()]
+        assert "asyncfeed-httpserve" in names
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(url + "cat/im%200.jpg") as r:
+            body = r.read()
+            assert r.headers["Content-Length"] == str(len(body))
+        assert time.perf_counter() - t0 >= 0.05
+        assert body == _bytes(image_tree, "cat/im 0.jpg")
+        req = urllib.request.Request(url + "cat/im%200.jpg", headers={"Range": "bytes=2-9"})
+        with urllib.request.urlopen(req) as r:
+            assert r.status == 206 and r.read() == body[2:10]
+            assert r.headers["Content-Range"] == f"bytes 2-9/{len(body)}"
+        with urllib.request.urlopen(urllib.request.Request(url + "cat/im%200.jpg",
+                                                           method="HEAD")) as r:
+            assert r.read() == b"" and r.headers["Content-Length"] == str(len(body))
+        with urllib.request.urlopen(url + "dog%20b/") as r:
+            index = r.read().decode()
+        assert 'href="x%20y/"' in index and 'href="im%200.jpg"' in index
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(url + "..%2f..%2fetc/passwd")
+        assert info.value.code in (403, 404)
+    assert "asyncfeed-httpserve" not in [t.name for t in threading.enumerate()]
+
+
+def test_server_close_wakes_stalled_handlers(image_tree):
+    import threading
+
+    from asyncfeed._httpserve import DirectoryServer
+
+    server = DirectoryServer(image_tree).start()
+    server.add_fault("*", "stall", after=10)
+    src = fast_source(server.url, timeout=10.0, retries=0)
+    result = []
+    reader = threading.Thread(target=lambda: result.append(
+        _swallow(lambda: src.read_sync(server.url + "cat/im%200.jpg"))))
+    reader.start()
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    server.close()  # must not wait for the stalled request to time out
+    assert time.perf_counter() - t0 < 3.0
+    reader.join()
+    assert isinstance(result[0], OSError)
+    src.close()
+
+
+def _swallow(fn):
+    try:
+        return fn()
+    except Exception as e:
+        return e
