@@ -221,3 +221,12 @@ def test_signature_matches_botocore(monkeypatch, token):
     assert headers["Authorization"] == request.headers["Authorization"]
     assert headers["x-amz-date"] == request.headers["X-Amz-Date"]
     assert headers["Host"] == "s3.example.com:9000"
+
+
+def test_proxy_in_environment_keeps_reads_on_s3fs(image_tree, s3_proxy, monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # botocore bypasses it for the test server
+    src = fast_source("s3://asyncfeed-test/images", storage_options=s3_options(s3_proxy.url))
+    assert src.read_sync("s3://asyncfeed-test/images/" + REL) == _bytes(image_tree, REL)
+    assert _gets(s3_proxy) == ["botocore"]
+    src.close()

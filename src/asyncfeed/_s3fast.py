@@ -10,7 +10,8 @@ read then signs its request with AWS Signature Version 4 (a SHA-256 and an HMAC)
 and sends it with the lean client of :mod:`asyncfeed._http11`.
 
 Only plain reads take this path: no requester-pays, SSE-C, version ids or other
-extra request arguments (``FsspecSource`` falls back to s3fs for those).  An
+extra request arguments, no custom TLS verification or proxy (explicit or from the
+environment); ``FsspecSource`` falls back to s3fs for those.  An
 answer that says the request was addressed or signed wrongly (a redirect to
 another region, a malformed authorization) turns the fast path off for that
 bucket and the read goes through s3fs.
@@ -95,6 +96,15 @@ class S3FastReader:
         if getattr(fs, "version_aware", False) or getattr(fs, "req_kw", None) \
                 or getattr(fs, "s3_additional_kwargs", None):
             return None
+        client_kwargs = getattr(fs, "client_kwargs", None) or {}
+        config_kwargs = getattr(fs, "config_kwargs", None) or {}
+        if client_kwargs.get("verify") is not None or "proxies" in config_kwargs \
+                or "client_cert" in config_kwargs:
+            return None  # TLS or proxy settings only botocore knows how to honour
+        import urllib.request
+        proxies = urllib.request.getproxies()
+        if proxies.get("https") or proxies.get("http") or proxies.get("all"):
+            return None  # botocore goes through the environment's proxy; so must we
         await fs.set_session()
         client = fs._s3
         signer = getattr(client, "_request_signer", None)
