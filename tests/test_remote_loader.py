@@ -111,3 +111,12 @@ def test_any_fsspec_filesystem_even_a_synchronous_one(image_tree):
         remote._source.close()
     finally:
         mem.rm("/asyncfeed-test-tree", recursive=True)
+
+
+def test_remote_reads_in_decode_threads(image_tree, http_server):
+    """io="thread": blocking reads from the decode threads (through fsspec's I/O loop)."""
+    local = ImageFolder(image_tree, 32)
+    remote = ImageFolder(http_server.url, 32, io="thread")
+    assert not remote.use_async_fetch
+    _same(_batches(remote), _batches(local))
+    remote._source.close()

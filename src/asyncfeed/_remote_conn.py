@@ -169,9 +169,11 @@ def _s3_conn(loop: asyncio.AbstractEventLoop, fs: Any, max_connections: int) -> 
     async def cat(path: str, start: int | None, end: int | None) -> bytes:
         reader = state["reader"]
         if reader is None:
-            if state["task"] is None:
-                state["task"] = asyncio.ensure_future(make_reader())
-            reader = state["reader"] = (await state["task"]) or False
+            task = state["task"]
+            if task is None or (task.done() and (task.cancelled() or task.exception())):
+                task = state["task"] = asyncio.ensure_future(make_reader())
+            # shielded: a timeout of this read must not cancel the set-up others wait on
+            reader = state["reader"] = (await asyncio.shield(task)) or False
         if reader:
             bucket, key, version = fs.split_path(path)
             if not version:

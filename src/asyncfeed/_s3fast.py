@@ -19,6 +19,7 @@ bucket and the read goes through s3fs.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
@@ -84,6 +85,7 @@ class S3FastReader:
         self._pool = pool
         self._unsigned = unsigned
         self._buckets: dict[str, _Bucket | None] = {}
+        self._probing: dict[str, asyncio.Future] = {}
         self._creds: tuple[str, str, str | None] | None = None
         self._creds_at = 0.0
         self._keys: dict[tuple[str, str, str], bytes] = {}
@@ -120,16 +122,24 @@ class S3FastReader:
     async def _bucket(self, bucket: str) -> _Bucket | None:
         if bucket in self._buckets:
             return self._buckets[bucket]
+        task = self._probing.get(bucket)
+        if task is None or (task.done() and (task.cancelled() or task.exception())):
+            task = self._probing[bucket] = asyncio.ensure_future(self._probe(bucket))
+        info = await asyncio.shield(task)  # one probe per bucket, whoever times out
+        self._buckets[bucket] = info
+        self._probing.pop(bucket, None)
+        return info
+
+    async def _probe(self, bucket: str) -> _Bucket | None:
+        """Ask botocore (once) where the objects of ``bucket`` live."""
         try:
-            client = await self._fs.get_s3(bucket)
+            client = await self._fs.get_s3(bucket)  # a region lookup with cache_regions
             probe = "asyncfeed-probe/k"
             url = await client.generate_presigned_url(
                 "get_object", Params={"Bucket": bucket, "Key": probe}, ExpiresIn=60)
-            info: _Bucket | None = _Bucket(url, _quote_key(probe), client.meta.region_name)
+            return _Bucket(url, _quote_key(probe), client.meta.region_name)
         except _FallBack:
-            info = None
-        self._buckets[bucket] = info
-        return info
+            return None
 
     async def _credentials(self) -> tuple[str, str, str | None]:
         now = time.monotonic()
