@@ -241,3 +241,11 @@ def test_asyncloader_over_http_shards(shard_dir):
         for (a, la), (b, lb) in zip(got, want):
             assert torch.equal(a, b) and torch.equal(la, lb)
         remote.close()
+
+
+def test_rank_from_the_environment_like_the_loader(shard_dir, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    ds = WebDatasetShards(_pattern(shard_dir + "/"), seed=1, shuffle_buffer=0)
+    want = ds.shards_for(2, 3)
+    assert sorted({s["__url__"] for s in ds}) == sorted(want)

@@ -176,13 +176,9 @@ class ImageLabelDecoder:
 
 
 def _default_rank() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:  # pragma: no cover - no distributed support built in
-        pass
-    return 0, 1
+    """The loader's rule: torch.distributed's rank and world size, else RANK/WORLD_SIZE."""
+    from ._loader import resolve_ranks
+    return resolve_ranks(None, None)
 
 
 class WebDatasetShards(torch.utils.data.IterableDataset):
@@ -205,8 +201,9 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         Called on each sample dict in the iterating thread (None: yield the dicts).
         ``ImageLabelDecoder(size)`` gives ``(image tensor, label)``.
     rank, world_size:
-        Which share of the shards this process reads (default: torch.distributed's
-        rank and world size when initialised, else 0 and 1).  Shard ``i`` of the
+        Which share of the shards this process reads (default: as ``AsyncLoader``
+        decides: torch.distributed's rank and world size when initialised, else the
+        ``RANK``/``WORLD_SIZE`` environment, else 0 and 1).  Shard ``i`` of the
         epoch's order goes to rank ``i % world_size``.  Ranks may get a different
         number of samples when shards differ in size or do not divide evenly.
     storage_options, timeout, retries, backoff:
