@@ -11,8 +11,9 @@ Every read gets a per-attempt ``timeout`` and is retried on transient errors
 (timeouts, dropped connections, truncated bodies, HTTP 5xx/408/429, S3 throttling)
 with exponential backoff and jitter; a missing object (404) or a refusal (401/403)
 is not retried.  Errors name the URL.  A body shorter than its ``Content-Length``
-(aiohttp checks) or than the size the listing reported (S3, GCS...) is never
-returned.
+(the HTTP clients check) or than the size the listing reported (S3, GCS...) is
+never returned.  Reads of ``http(s)`` and ``s3`` roots go through asyncfeed's lean
+HTTP client where the settings allow (see :mod:`asyncfeed._remote_conn`).
 
 Listing happens once, the first time ``ImageFolder`` asks for the class folders:
 every class folder is listed at once (S3: one flat paginated listing per class;
@@ -220,14 +221,16 @@ class FsspecSource:
         """Read ``path`` from any thread (blocking)."""
         data = self._cache_get(path)
         if data is None:
-            data = self._sync(self._fetch_and_cache, path)
+            data = self._sync(self._fetch, path)
+            self._cache_put(path, data)  # in this thread, not on fsspec's shared loop
         return data
 
     async def read(self, path: str) -> bytes:
         """Read ``path`` on the running event loop."""
         data = self._cache_get(path)
         if data is None:
-            data = await self._fetch_and_cache(path)
+            data = await self._fetch(path)
+            self._cache_put(path, data)
         return data
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
@@ -253,14 +256,15 @@ class FsspecSource:
                 return data
         return None
 
-    async def _fetch_and_cache(self, path: str) -> bytes:
-        data = await self._retrying(path, lambda conn: conn.cat(path, None, None),
+    async def _fetch(self, path: str) -> bytes:
+        return await self._retrying(path, lambda conn: conn.cat(path, None, None),
                                     expected=self._sizes.get(path))
+
+    def _cache_put(self, path: str, data: bytes) -> None:
         if self.disk_cache is not None:
             self.disk_cache.put(path, data)
         if self.memory_cache is not None:
             self.memory_cache.put(path, data)
-        return data
 
     async def _retrying(self, url: str, op: Callable[[LoopConn], Awaitable[Any]],
                         expected: int | None = None) -> Any:
