@@ -115,14 +115,15 @@ def execute(spec: dict) -> dict:
                 stats = {"error": repr(e)}
     finally:
         closing = time.perf_counter()
-        if hasattr(it, "close"):
+        close_errors = []
+        for step in (getattr(it, "close", None), handle.close):
             try:
-                it.close()
-            except Exception:  # noqa: BLE001
-                pass
-        del it
-        handle.close()
-        del handle
+                if step is not None:
+                    step()
+            except Exception as e:  # noqa: BLE001 - reported with the run, figures stay valid
+                close_errors.append(f"{type(e).__name__}: {e}")
+        close_error = "; ".join(close_errors) or None
+        del it, handle
     t_closed = time.perf_counter()
     cpu1 = _cpu()
     pause_s = t_resume - t_last
@@ -158,6 +159,7 @@ def execute(spec: dict) -> dict:
         "loader_info": info,
         "loader_stats": stats,
         "marks": marks,
+        "close_error": close_error,
     }
     if step_s:
         wait_after = sum(waits[1:])

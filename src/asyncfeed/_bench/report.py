@@ -119,6 +119,12 @@ def render(results: dict) -> str:
                 bits.append(f"{contenders.label(fam, k['knob'])} ({k['rate']:,.0f}/s)")
         if bits:
             parts.append(f"\nknee ({wl}, first setting within 5% of its best): " + "; ".join(bits))
+    close_errors = [(cfg["label"], r["close_error"]) for cfgs in results["runs"].values()
+                    for cfg in cfgs for r in cfg["runs"] if r.get("close_error")]
+    if close_errors:
+        parts.append("\nerrors while closing a loader after its figures were taken:")
+        for lab, err in close_errors[:10]:
+            parts.append(f"  {lab}: {err}")
     if results.get("skipped"):
         parts.append("\nskipped:")
         for fam, why in results["skipped"].items():
