@@ -168,7 +168,7 @@ def bench(args: argparse.Namespace) -> int:
             step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
             quick=quick, interpolation=args.interpolation,
             ttfb_workers=1 if quick else cores, sweep_asyncfeed=not quick,
-            single_limit=not quick)
+            single_limit=not quick, retry_disturbed=not quick)
         runner = Bench(settings)
         runner.plan()
         for fam, why in runner.skipped.items():

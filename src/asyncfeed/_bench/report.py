@@ -41,6 +41,8 @@ def _name(row: dict) -> str:
         name += " *"
     if row["ok_runs"] < row["runs"]:
         name += f" [{row['runs'] - row['ok_runs']} failed]"
+    if row.get("disturbed"):
+        name += " ~"
     return name
 
 
@@ -69,6 +71,9 @@ def render(results: dict) -> str:
                  f"(interleaved), figures are medians; {desc}")
     parts.append("* = the loader's defaults (no tuning).  samples/s: the whole epoch, from "
                  "building the loader to the last batch; CPU: every process of the run.")
+    parts.append(f"~ = every run of that row was disturbed by other load (> "
+                 f"{s.get('busy_threshold', 0.15):.0%} of the machine); disturbed runs are re-run "
+                 "once and left out of the medians when a clean run exists.")
 
     if "a" in summ:
         rows = []
@@ -129,11 +134,16 @@ def render(results: dict) -> str:
         parts.append("\nskipped:")
         for fam, why in results["skipped"].items():
             parts.append(f"  {contenders.FAMILIES.get(fam, fam)}: {why}")
-    loads = [r.get("other_load") for rows in summ.values() for r in rows
-             if r.get("other_load") is not None]
-    if loads and max(loads) > 0.10:
-        parts.append(f"\nwarning: other processes used up to {max(loads):.0%} of the machine "
-                     "during some runs; figures from a busy machine are noisy.")
+    runs = [r for cfgs in results["runs"].values() for c in cfgs for r in c["runs"]]
+    busy = [r for r in runs if (r.get("other_load") or 0) > s.get("busy_threshold", 0.15)]
+    dirty = [r["label"] for rows in summ.values() for r in rows if r.get("disturbed")]
+    if busy:
+        parts.append(f"\nnote: other processes used more than {s.get('busy_threshold', 0.15):.0%}"
+                     f" of the machine during {len(busy)} of {len(runs)} runs (up to "
+                     f"{max(r['other_load'] for r in busy):.0%}).")
+    if dirty:
+        parts.append("warning: no undisturbed run for: " + ", ".join(dirty)
+                     + "; those figures are noisy.")
     if results.get("elapsed_s"):
         parts.append(f"\ntotal time {results['elapsed_s']:.0f} s")
     return "\n".join(parts)
