@@ -120,7 +120,7 @@ def test_reads_keep_many_requests_in_flight(http_server):
     t0 = time.perf_counter()
     asyncio.run(all_at_once())
     assert http_server.max_in_flight >= 20
-    assert time.perf_counter() - t0 < 1.5  # 36 reads of 0.1 s each, concurrently
+    assert time.perf_counter() - t0 < 3.0  # 36 reads of 0.1 s each, concurrently (not 3.6 s)
     src.close()
 
 
