@@ -133,23 +133,28 @@ def _torchdata(ds: Any, order: list[int], bs: int, threads: int, pin: bool) -> H
         node = PinMemory(node)
     node = Prefetcher(node, prefetch_factor=2)
     loader = Loader(node)
-    mapper_holder = {"root": node}
 
     def close() -> None:
-        # ParallelMapper's threads stop at the end of the epoch; make sure they are gone.
-        root = mapper_holder.pop("root", None)
-        seen = set()
-        while root is not None and id(root) not in seen:
-            seen.add(id(root))
-            for attr in ("_shutdown",):
-                fn = getattr(root, attr, None)
-                if callable(fn):
-                    try:
-                        fn()
-                    except Exception:  # noqa: BLE001 - best effort on the way out
-                        pass
-            root = getattr(root, "source", None)
+        # torchdata.nodes has no close(): its threads stop at the end of the epoch or when
+        # garbage-collected.  Stop them now, the way its own reset() does (``_shutdown``
+        # on every iterator object in the graph).
+        _shutdown_graph(node)
     return Handle(loader, close, info={"threads": threads, "prefetch_factor": 2})
+
+
+def _shutdown_graph(obj: Any, seen: set | None = None, depth: int = 0) -> None:
+    seen = set() if seen is None else seen
+    if obj is None or id(obj) in seen or depth > 20:
+        return
+    seen.add(id(obj))
+    for attr in ("_it", "source", "root"):
+        _shutdown_graph(getattr(obj, attr, None), seen, depth + 1)
+    fn = getattr(obj, "_shutdown", None)
+    if callable(fn):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - best effort; threads are daemons there anyway
+            pass
 
 
 def _spdl(ds: Any, order: list[int], bs: int, threads: int, pin: bool) -> Handle:
