@@ -391,3 +391,22 @@ def _swallow(fn):
         return fn()
     except Exception as e:
         return e
+
+
+def test_server_as_a_child_process(image_tree):
+    import signal
+    import subprocess
+    import urllib.request
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(os.path.dirname(os.path.dirname(__file__)), "src"),
+         os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-m", "asyncfeed._httpserve", image_tree,
+                          "--latency", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        url = p.stdout.readline().strip()
+        with urllib.request.urlopen(url + "cat/im%200.jpg") as r:
+            assert r.read() == _bytes(image_tree, "cat/im 0.jpg")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 0

@@ -352,3 +352,29 @@ def serve_directory(root: str | os.PathLike[str], latency: float = 0.02,
     """
     with DirectoryServer(root, latency=latency, host=host, port=port) as server:
         yield server.url
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m asyncfeed._httpserve ROOT [--latency S] [--port N]``: serve until SIGTERM/SIGINT.
+
+    Prints the base URL on the first line of stdout, so a parent process can run the
+    server out of its own process (its CPU and GIL apart from the loader's) and read
+    the URL.
+    """
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="python -m asyncfeed._httpserve", description=main.__doc__)
+    ap.add_argument("root")
+    ap.add_argument("--latency", type=float, default=0.02, help="seconds added per request")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args(argv)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    with DirectoryServer(args.root, latency=args.latency, host=args.host, port=args.port) as s:
+        print(s.url, flush=True)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+if __name__ == "__main__":
+    main()
