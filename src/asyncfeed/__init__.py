@@ -9,7 +9,9 @@ from ._errors import AsyncFeedError, LoaderClosedError, LoaderTimeout, SampleErr
 from ._folder import IMG_EXTENSIONS, ImageFolder
 from ._image import decode_image
 from ._loader import AsyncLoader
+from ._remote_errors import RemoteReadError, RemoteTimeoutError
 from ._stats import LoaderStats, SkippedSample
+from ._webdataset import ImageLabelDecoder, WebDatasetShards
 
 __version__ = "0.1.0"
 
@@ -18,11 +20,15 @@ __all__ = [
     "AsyncLoader",
     "IMG_EXTENSIONS",
     "ImageFolder",
+    "ImageLabelDecoder",
     "LoaderClosedError",
     "LoaderStats",
     "LoaderTimeout",
+    "RemoteReadError",
+    "RemoteTimeoutError",
     "SampleError",
     "SkippedSample",
     "StateError",
+    "WebDatasetShards",
     "decode_image",
 ]

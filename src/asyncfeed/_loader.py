@@ -198,12 +198,14 @@ class AsyncLoader:
         """Select the epoch: with ``seed``, epoch ``e`` shuffles with ``seed + e``.
 
         Also forwarded to a sampler or batch sampler that has ``set_epoch`` (e.g.
-        ``DistributedSampler``).  Takes effect at the next ``iter()``.
+        ``DistributedSampler``), and to an iterable dataset that has one (e.g.
+        ``WebDatasetShards``, whose shard order then changes per epoch).  Takes effect at the next ``iter()``.
         """
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._epoch = epoch
-        for s in (self._plan.user_sampler, self._plan.user_batch_sampler,
+        for s in (self.dataset if self._iterable else None,
+                  self._plan.user_sampler, self._plan.user_batch_sampler,
                   getattr(self._plan.user_batch_sampler, "sampler", None)):
             if s is not None and callable(getattr(s, "set_epoch", None)):
                 s.set_epoch(epoch)
