@@ -48,7 +48,10 @@ def execute(spec: dict) -> dict:
     mode = spec["mode"]
     dataset, order = build_dataset(spec["dataset"])
     if mode == "limit":
-        return run_limit(dataset, order, spec["procs"])
+        marks: list[dict] = []
+        out = run_limit(dataset, order, spec["procs"],
+                        pause=(lambda: _pause("end", marks)) if spec.get("pause", True) else None)
+        return {**out, "marks": marks}
     family, knob = spec["family"], spec.get("knob")
     if family in ("torchdata", "spdl"):  # import outside the measured window
         __import__(contenders.REQUIRES[family])

@@ -14,12 +14,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 
-def _share(dataset: Any, indices: list[int], barrier: Any, conn: Any) -> None:
+def _share(dataset: Any, indices: list[int], start: Any, end: Any, conn: Any) -> None:
     try:
-        barrier.wait(timeout=120)
+        start.wait(timeout=120)
         t0 = time.perf_counter()
         for i in indices:
             dataset[i]
@@ -28,19 +28,22 @@ def _share(dataset: Any, indices: list[int], barrier: Any, conn: Any) -> None:
         conn.send(("error", repr(e), 0.0, 0))
     finally:
         conn.close()
+    end.wait(timeout=120)  # stay alive until the parent has had its memory read
 
 
-def run_limit(dataset: Any, order: list[int], procs: int) -> dict:
+def run_limit(dataset: Any, order: list[int], procs: int,
+              pause: Callable[[], None] | None = None) -> dict:
     """Run ``dataset[i]`` for every ``i`` in ``order`` split over ``procs`` processes."""
     procs = max(1, procs)
     ctx = mp.get_context("fork")
     t = os.times()
     cpu0 = t.user + t.system + t.children_user + t.children_system
     barrier = ctx.Barrier(procs + 1)
+    done = ctx.Barrier(procs + 1)
     workers, conns = [], []
     for k in range(procs):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_share, args=(dataset, order[k::procs], barrier, send),
+        p = ctx.Process(target=_share, args=(dataset, order[k::procs], barrier, done, send),
                         name=f"asyncfeed-bench-limit-{k}")
         p.start()
         send.close()
@@ -49,6 +52,9 @@ def run_limit(dataset: Any, order: list[int], procs: int) -> dict:
     barrier.wait(timeout=120)
     start = time.perf_counter()
     results = [c.recv() for c in conns]
+    if pause is not None:
+        pause()  # every process is still alive: the parent reads the tree's memory now
+    done.wait(timeout=120)
     for p in workers:
         p.join()
     t = os.times()
