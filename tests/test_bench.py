@@ -48,7 +48,7 @@ def test_quick_run_succeeds(quick):
     proc = quick["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for head in ("(a) JPEG folder", "(b) data set held in RAM", "(c) pure-Python",
-                 "(d) time to first batch", "limit"):
+                 "(d) time to first batch", "(e) the folder over loopback HTTP", "limit"):
         assert head in proc.stdout
     assert "asyncfeed bench" in proc.stderr  # the progress bar
 
@@ -76,7 +76,7 @@ def test_json_holds_every_figure(quick):
     assert data["settings"]["quick"] is True
     assert data["data"]["n_images"] > 0 and data["data"]["mean_bytes"] > 0
     summ = data["summary"]
-    assert set(summ) >= {"a", "step", "b", "c", "d"}
+    assert set(summ) >= {"a", "step", "b", "c", "d", "e"}
     for row in summ["a"]:
         for fig in ("rate", "cpu_per_sample_ms", "peak_rss_sum_bytes"):
             assert row[fig] is not None and row[fig] > 0, (row["label"], fig)
@@ -91,6 +91,11 @@ def test_json_holds_every_figure(quick):
     for row in summ["d"]:
         assert row["ttfb_s"] > 0 and row["ttfb_vs_fork"] > 0 and row["ttfb_vs_spawn"] > 0
     assert {r["context"] for r in summ["d"] if r["family"] == "dataloader"} == {"fork", "spawn"}
+    for row in summ["e"]:
+        assert row["rate"] > 0 and row["vs_dataloader_ref"] > 0
+        if row["dataset"] == "remote":  # against the same loader at zero latency
+            assert row["vs_zero_latency"] > 0
+    assert {r["dataset"] for r in summ["e"]} == {"remote", "remote0"}
     # the raw figures of every run are there, not only the medians
     run = data["runs"]["a"][1]["runs"][0]
     for fig in ("arrivals_s", "batch_waits_s", "cpu_user_s", "cpu_sys_s", "pss_samples",

@@ -57,8 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="PATH", default="asyncfeed-bench.png",
                    help="PNG to write (default ./asyncfeed-bench.png)")
     b.add_argument("--no-plot", action="store_true", help="write no PNG")
-    b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=tuple(WORKLOADS),
-                   help="comma-separated subset of a,b,c,d (default: all)")
+    b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=None,
+                   help="comma-separated subset of a,b,c,d,e (default: all; with --data, "
+                        "a,b,c,d: e would list the whole tree over HTTP)")
+    b.add_argument("--latency", type=float, default=0.02,
+                   help="seconds per HTTP request in workload e (0.02)")
     b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
                    help="comma-separated subset of " + ",".join(FAMILIES))
     b.add_argument("--repeats", type=int, default=None,
@@ -158,7 +161,11 @@ def bench(args: argparse.Namespace) -> int:
             return 2
         settings = Settings(
             root=data["root"], synthetic=data["synthetic"], listing=data["listing"],
-            size=args.size, batch_size=batch, workloads=tuple(args.workloads),
+            size=args.size, batch_size=batch,
+            workloads=tuple(args.workloads or (("a", "b", "c", "d") if args.data
+                                               else ("a", "b", "c", "d", "e"))),
+            samples_remote=samples if quick else max(batch, samples * 2 // 5),
+            latency=args.latency,
             families=tuple(args.contenders), repeats=args.repeats or (1 if quick else 3),
             samples=samples, samples_ram=samples if quick else max(batch, samples * 4 // 5),
             samples_gil=max(batch, samples // 2),

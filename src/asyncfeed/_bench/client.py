@@ -16,6 +16,17 @@ import psutil
 from .measure import TreeSampler
 
 
+def _cpu_of(pids: list[int] | None) -> float:
+    total = 0.0
+    for pid in pids or ():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 class ServerError(RuntimeError):
     """The fork server died or stopped answering."""
 
@@ -62,8 +73,13 @@ class RunServer:
         except OSError:
             return ""
 
-    def run(self, spec: dict, *, timeout: float, pss_interval: float = 1.0) -> dict:
-        """Execute ``spec`` in a fresh forked process; returns its figures plus memory."""
+    def run(self, spec: dict, *, timeout: float, pss_interval: float = 1.0,
+            companions: list[int] | None = None) -> dict:
+        """Execute ``spec`` in a fresh forked process; returns its figures plus memory.
+
+        ``companions``: processes that serve the run (an HTTP server standing in for
+        remote storage): their CPU time is reported as ``companion_cpu_s`` and not
+        counted as other load."""
         self._count += 1
         result_path = os.path.join(self.workdir, f"run-{self._count}.json")
         spec = {**spec, "result_path": result_path}
@@ -74,6 +90,7 @@ class RunServer:
         started = self._read(60)
         pid = started["pid"]
         me0 = os.times()
+        comp0 = _cpu_of(companions)
         sampler = TreeSampler(pid, self.pid, pss_interval=pss_interval)
         timed_out = False
         deadline = time.monotonic() + timeout
@@ -88,6 +105,7 @@ class RunServer:
         memory = sampler.stop()
         me1 = os.times()
         main_cpu = (me1.user + me1.system) - (me0.user + me0.system)
+        companion_cpu = _cpu_of(companions) - comp0
         try:
             with open(result_path) as f:
                 result = json.load(f)
@@ -105,7 +123,9 @@ class RunServer:
         busy = memory.pop("machine_cpu_s")
         ncpu = os.cpu_count() or 1
         own = result.get("process_cpu_s") or 0.0
-        other = max(0.0, busy - own - main_cpu)
+        other = max(0.0, busy - own - main_cpu - companion_cpu)
+        if companions:
+            result["companion_cpu_s"] = companion_cpu
         result["other_load"] = other / (memory["wall_s"] * ncpu) if memory["wall_s"] else None
         result.pop("machine_cpu_s", None)
         return result

@@ -77,8 +77,8 @@ def write_png(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     summ = results["summary"]
-    fig, axes = plt.subplots(2, 3, figsize=(18, 10.5))
-    (a1, a2, a3), (b1, b2, b3) = axes
+    fig, axes = plt.subplots(3, 3, figsize=(18, 15.5))
+    (a1, a2, a3), (b1, b2, b3), (c1, c2, c3) = axes
     if "a" in results.get("tuning", {}):
         _tuning(a1, results, "a", "(a) JPEG folder in page cache: tuning curve")
     else:
@@ -105,6 +105,16 @@ def write_png(results: dict, path: str) -> None:
     _bars(b3, summ.get("step", []), "wait_fraction",
           f"(a) share of a {step_ms:.1f} ms training step spent waiting for data",
           "waiting, % of step time", scale=100)
+    lat = results["settings"].get("latency", 0.02) * 1e3
+    _bars(c1, summ.get("e", []), "rate",
+          f"(e) over loopback HTTP: samples/s at {lat:.0f} ms and at 0 ms per request",
+          "samples/s", name=lambda r: r["label"] + (f" [{lat:.0f} ms]" if r["dataset"] == "remote"
+                                                     else " [0 ms]"))
+    rows_c = [r for r in summ.get("c", [])]
+    _bars(c2, rows_c, "rate", "(c) pure-Python transform: samples/s (and its numpy rewrite)",
+          "samples/s")
+    _bars(c3, rows_a, "peak_pss_bytes", "(a) peak memory of the process tree", "peak PSS, MB",
+          scale=1 / 2**20)
     m = results["machine"]
     fig.suptitle(f"asyncfeed bench: {m.get('cores_usable')} cores, "
                  f"{m.get('cpu_model', '')}, torch {m['torch']}, batch "

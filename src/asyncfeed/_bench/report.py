@@ -115,6 +115,16 @@ def render(results: dict) -> str:
         parts.append(f"\n(d) {WORKLOADS['d']}: from building the loader to holding batch 1")
         parts.append(table(["contender", "data", "1st batch s", "x fork", "x spawn",
                             "close s"], rows))
+    if "e" in summ:
+        lat = s.get("latency", 0.02) * 1e3
+        rows = [[_name(r), f"{lat:.0f} ms" if r["dataset"] == "remote" else "0 ms",
+                 _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_ref"), ".2f"),
+                 _fmt(r.get("vs_dataloader_best"), ".2f"), _fmt(r.get("vs_zero_latency"), ".2f"),
+                 _fmt(r.get("cpu_per_sample_ms"), ".2f")] for r in summ["e"]]
+        parts.append(f"\n(e) {WORKLOADS['e']}: {s.get('samples_remote')} samples per run; the "
+                     "server is a separate process (its CPU is not counted)")
+        parts.append(table(["contender", "latency", "samples/s", "x w=cores", "x best w",
+                            "x at 0 ms", "CPU ms/sample"], rows))
     tuning = results.get("tuning", {})
     for wl, fams in tuning.items():
         bits = []

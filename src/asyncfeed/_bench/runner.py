@@ -34,7 +34,7 @@ class Settings:
     listing: str | None = None  # --data: the files used, listed once (see workloads)
     size: int = 224
     batch_size: int = 32
-    workloads: tuple[str, ...] = ("a", "b", "c", "d")
+    workloads: tuple[str, ...] = ("a", "b", "c", "d", "e")
     families: tuple[str, ...] = tuple(contenders.FAMILIES)
     repeats: int = 3            # rounds for (a) and (b)
     repeats_other: int = 2      # rounds for the training step, (c) and (d)
@@ -45,6 +45,8 @@ class Settings:
     threads: tuple[int, ...] = (1, 2, 4)
     cores: int = 2
     ram_mb: float = 192.0       # Python objects held by workload b's data set
+    samples_remote: int = 256   # workload e
+    latency: float = 0.02       # workload e: seconds per HTTP request
     step_load: float = 0.85     # simulated step consumes data at this fraction of the limit
     device: str = "cpu"
     timeout: float = 300.0
@@ -114,6 +116,7 @@ class Bench:
                 self.skipped[fam] = why
         self.configs: dict[str, list[Config]] = {}
         self.step_s: float | None = None
+        self._http: Any = None  # workload e's HTTP servers, while it runs
         self.started = time.time()
         self.elapsed_s: float | None = None
 
@@ -194,6 +197,18 @@ class Bench:
             if self._has("asyncfeed"):
                 cfgs.append(Config("c", "asyncfeed", None, dataset="gil-numpy", role="remedy"))
             self.configs["c"] = cfgs
+        if "e" in w:
+            cfgs = []
+            remote_w = tuple(sorted({s.cores, 2 * s.cores, 4 * s.cores})) if not s.quick \
+                else (s.cores,)
+            for ds, workers in (("remote", remote_w), ("remote0", (s.cores,))):
+                if self._has("dataloader"):
+                    cfgs += [Config("e", "dataloader", k, dataset=ds,
+                                    role="reference" if k == s.cores else "sweep")
+                             for k in workers]
+                if self._has("asyncfeed"):
+                    cfgs.append(Config("e", "asyncfeed", None, dataset=ds, role="default"))
+            self.configs["e"] = cfgs
         if "d" in w:
             cfgs = []
             k = s.ttfb_workers
@@ -228,7 +243,8 @@ class Bench:
     def _spec(self, cfg: Config) -> dict:
         s = self.s
         samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil,
-                   "gil-numpy": s.samples_gil}[cfg.dataset]
+                   "gil-numpy": s.samples_gil, "remote": s.samples_remote,
+                   "remote0": s.samples_remote}[cfg.dataset]
         if cfg.mode == "step":  # paced by the step, not by the loader: half as many do
             samples = max(4 * s.batch_size, samples // 2)
         ds: dict[str, Any] = {"kind": cfg.dataset, "root": s.root, "size": s.size,
@@ -237,6 +253,10 @@ class Bench:
                               "io": "async" if cfg.family == "asyncfeed-async" else "thread"}
         if cfg.dataset == "ram":
             ds["floats_per_sample"] = max(1, int(s.ram_mb * 2**20 / max(1, samples) / 32))
+        if cfg.dataset in ("remote", "remote0"):  # ImageFolder over the HTTP server's URL
+            assert self._http is not None
+            ds.update(kind="folder", listing=None, io="auto",
+                      root=self._http.url(s.latency if cfg.dataset == "remote" else 0.0))
         spec = {"dataset": ds, "family": cfg.family, "knob": cfg.knob, "mode": cfg.mode,
                 "batch_size": s.batch_size, "device": s.device, "seed": s.seed,
                 "context": cfg.context}
@@ -251,8 +271,10 @@ class Bench:
             self.progress.set_postfix_str(f"({cfg.workload}) {cfg.label} #{rnd + 1}", refresh=True)
         t0 = time.time()
         pss_interval = 0.25 if cfg.workload == "b" else self.s.pss_interval
+        companions = self._http.pids if (self._http and cfg.workload == "e") else None
         try:
-            res = server.run(self._spec(cfg), timeout=self.s.timeout, pss_interval=pss_interval)
+            res = server.run(self._spec(cfg), timeout=self.s.timeout, pss_interval=pss_interval,
+                             companions=companions)
         except (ServerError, TimeoutError, OSError, ValueError) as e:
             res = {"ok": False, "error": f"fork server failed: {type(e).__name__}: {e}"}
             server.close()
@@ -287,12 +309,19 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="asyncfeed-bench-") as work:
             server = RunServer(work)
             try:
-                for wl in ("a", "step", "b", "c", "d"):
+                for wl in ("a", "step", "b", "c", "d", "e"):
                     if wl not in self.configs:
                         continue
                     if wl == "step":
                         self._plan_step()
-                    server = self._rounds(server, self.configs[wl], self.rounds(wl))
+                    if wl == "e":
+                        from .remote import HttpServers
+                        self._http = HttpServers(self.s.root, [self.s.latency, 0.0])
+                    try:
+                        server = self._rounds(server, self.configs[wl], self.rounds(wl))
+                    finally:
+                        if wl == "e" and self._http is not None:
+                            self._http.close()
             finally:
                 server.close()
         self.elapsed_s = time.time() - self.started
@@ -456,6 +485,19 @@ def _relative(workload: str, rows: list[dict]) -> None:
                 ref = find(family="dataloader", context=ctx, dataset=r["dataset"])
                 if ref and ref.get("ttfb_s") and r.get("ttfb_s"):
                     r[f"ttfb_vs_{ctx}"] = r["ttfb_s"] / ref["ttfb_s"]
+    if workload == "e":
+        for r in rows:
+            base = find(family="dataloader", role="reference", dataset=r["dataset"])
+            if base and base.get("rate") and r.get("rate"):
+                r["vs_dataloader_ref"] = r["rate"] / base["rate"]
+            zero = find(family=r["family"], knob=r["knob"], dataset="remote0")
+            if r["dataset"] == "remote" and zero and zero.get("rate") and r.get("rate"):
+                r["vs_zero_latency"] = r["rate"] / zero["rate"]
+        best = max((x.get("rate") or 0 for x in rows if x["family"] == "dataloader"
+                    and x["dataset"] == "remote"), default=0)
+        for r in rows:
+            if best and r.get("rate") and r["dataset"] == "remote":
+                r["vs_dataloader_best"] = r["rate"] / best
     if workload == "a":
         ref = next((r for r in rows if r["family"] == "dataloader" and r["knob"] == 2), None)
         if ref and ref.get("cpu_per_sample_ms"):

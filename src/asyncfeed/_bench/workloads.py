@@ -38,6 +38,7 @@ WORKLOADS = {
     "b": "data set held in RAM as Python objects",
     "c": "pure-Python per-sample transform (holds the GIL)",
     "d": "time to first batch, fork and spawn",
+    "e": "the folder over loopback HTTP, with a latency per request",
 }
 
 
