@@ -61,6 +61,7 @@ def _bars(ax: Any, rows: list[dict], key: str, title: str, xlabel: str, *, scale
     ax.set_yticklabels(labels, fontsize=7)
     for yi, v in zip(y, vals):
         ax.text(v, yi, f" {v:,.3g}", va="center", fontsize=6)
+    ax.margins(x=0.12)
     if log:
         ax.set_xscale("log")
     if ref is not None:
@@ -120,6 +121,6 @@ def write_png(results: dict, path: str) -> None:
                  f"{m.get('cpu_model', '')}, torch {m['torch']}, batch "
                  f"{results['settings']['batch_size']}, {results['settings']['size']} px",
                  fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.975))
     fig.savefig(path, dpi=110)
     plt.close(fig)
