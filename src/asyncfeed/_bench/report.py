@@ -59,13 +59,15 @@ def render(results: dict) -> str:
         f"asyncfeed bench: {m.get('cores_usable')} cores ({m.get('cpu_model', '?')}), "
         f"{m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']}, torch {m['torch']}, {gpu}")
     data = results.get("data", {})
-    desc = (f"synthetic set: {data.get('n_images')} JPEGs, mean {data.get('mean_bytes', 0) / 1e3:.0f}"
-            f" KB, mean {data.get('mean_width', 0):.0f}x{data.get('mean_height', 0):.0f}"
+    kb = data.get("mean_bytes", 0) / 1e3
+    desc = (f"synthetic set: {data.get('n_images')} JPEGs, mean {kb:.0f} KB, mean "
+            f"{data.get('mean_width', 0):.0f}x{data.get('mean_height', 0):.0f}"
             if s["synthetic"] else
             f"data: {s['root']} ({data.get('files_used')} of its {data.get('files_in_tree')} "
             "files, picked at random)")
     other = min(s["repeats"], s["repeats_other"])
-    rounds = (f"{s['repeats']} round{'s' if s['repeats'] != 1 else ''}" if other == s["repeats"] else
+    plural = "s" if s["repeats"] != 1 else ""
+    rounds = (f"{s['repeats']} round{plural}" if other == s["repeats"] else
               f"{s['repeats']} rounds for (a) and (b), {other} for the rest")
     parts.append(f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {rounds} "
                  f"(interleaved), figures are medians; {desc}")

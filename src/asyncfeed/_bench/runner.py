@@ -9,93 +9,21 @@ fork server (:mod:`.server`).
 
 from __future__ import annotations
 
-import os
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable
 
 from . import contenders
 from .client import RunServer, ServerError
+from .config import Config, Settings, default_threads, default_workers
+from .machine import machine_info
+from .summary import _best, _disturbed, _relative, _resolved, summarize
 from .tuning import knee
 
-_FIGURES = ("steady_rate", "rate", "cpu_per_sample_ms", "peak_pss_bytes", "peak_rss_sum_bytes",
-            "ttfb_s", "wait_fraction", "other_load", "close_s", "build_s")
-
-
-@dataclass
-class Settings:
-    """Everything a benchmark run depends on (recorded in the JSON)."""
-
-    root: str
-    synthetic: bool
-    listing: str | None = None  # --data: the files used, listed once (see workloads)
-    size: int = 224
-    batch_size: int = 32
-    workloads: tuple[str, ...] = ("a", "b", "c", "d", "e")
-    families: tuple[str, ...] = tuple(contenders.FAMILIES)
-    repeats: int = 3            # rounds for (a) and (b)
-    repeats_other: int = 2      # rounds for the training step, (c) and (d)
-    samples: int = 640          # per run, workload a
-    samples_ram: int = 512      # workload b
-    samples_gil: int = 320      # workload c
-    workers: tuple[int, ...] = (0, 1, 2, 4)
-    threads: tuple[int, ...] = (1, 2, 4)
-    cores: int = 2
-    ram_mb: float = 192.0       # Python objects held by workload b's data set
-    samples_remote: int = 256   # workload e
-    latency: float = 0.02       # workload e: seconds per HTTP request
-    step_load: float = 0.85     # simulated step consumes data at this fraction of the limit
-    device: str = "cpu"
-    timeout: float = 300.0
-    seed: int = 0
-    quick: bool = False
-    interpolation: str = "area"
-    ttfb_workers: int = 2
-    pss_interval: float = 1.0
-    sweep_asyncfeed: bool = True  # False: asyncfeed only at its defaults (--quick)
-    busy_threshold: float = 0.15  # a run during which others used more of the machine is
-                                  # "disturbed": re-run once, left out of medians if possible
-    retry_disturbed: bool = True
-    single_limit: bool = True     # also the one-process limit (a, c)
-
-
-@dataclass
-class Config:
-    """One thing to measure: a contender (or the limit) on a workload, in one mode."""
-
-    workload: str
-    family: str                      # a contender family, or "limit"
-    knob: int | None
-    mode: str = "throughput"         # throughput | step | ttfb | limit
-    context: str | None = None       # DataLoader start method
-    dataset: str = "folder"          # folder | ram | gil
-    role: str = "sweep"              # sweep | default | best | reference | limit
-    runs: list[dict] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return (f"{self.workload}/{self.dataset}/{self.mode}/{self.family}/"
-                f"{'default' if self.knob is None else self.knob}/{self.context or '-'}")
-
-    @property
-    def label(self) -> str:
-        if self.family == "limit":
-            return f"limit, {self.knob} proc{'s' if self.knob != 1 else ''} (no loader)"
-        name = contenders.label(self.family, self.knob, self.context)
-        return name + " (numpy rewrite)" if self.dataset == "gil-numpy" else name
-
-
-def default_threads(cores: int) -> tuple[int, ...]:
-    out = {1, 2, cores, 2 * cores}
-    out.update(range(4, 2 * cores + 1, 4))
-    return tuple(sorted(k for k in out if 1 <= k <= max(2, 2 * cores)))
-
-
-def default_workers(cores: int) -> tuple[int, ...]:
-    return (0,) + default_threads(cores)
+__all__ = ["Bench", "Config", "Settings", "default_threads", "default_workers",
+           "machine_info", "summarize"]
 
 
 class Bench:
@@ -420,134 +348,3 @@ class Bench:
                            "runs": c.runs} for c in cfgs]
                      for wl, cfgs in self.configs.items()},
         }
-
-
-def _median(vals: list[float]) -> float | None:
-    vals = [v for v in vals if v is not None]
-    return statistics.median(vals) if vals else None
-
-
-def _disturbed(run: dict, threshold: float = 0.15) -> bool:
-    return (run.get("other_load") or 0.0) > threshold
-
-
-def summarize(cfg: Config, threshold: float = 0.15) -> dict:
-    """Medians over the runs of ``cfg``: its undisturbed runs when it has any."""
-    ok = [r for r in cfg.runs if r.get("ok")]
-    clean = [r for r in ok if not _disturbed(r, threshold)]
-    used = clean or ok
-    row: dict[str, Any] = {"key": cfg.key, "label": cfg.label, "family": cfg.family,
-                           "knob": cfg.knob, "mode": cfg.mode, "context": cfg.context,
-                           "dataset": cfg.dataset, "role": cfg.role, "runs": len(cfg.runs),
-                           "ok_runs": len(ok), "runs_in_median": len(used),
-                           "disturbed": bool(used) and not clean}
-    ok = used
-    errors = [r.get("error") for r in cfg.runs if not r.get("ok")]
-    if errors:
-        row["errors"] = errors
-    for f in _FIGURES:
-        vals = [r.get(f) for r in ok]
-        if f == "peak_pss_bytes":
-            vals = [v for v in vals if v]  # 0: the run ended before a reading
-        row[f] = _median(vals) if f != "other_load" else max(
-            (v for v in vals if v is not None), default=None)
-    return row
-
-
-def _resolved(cfg: Config) -> int | None:
-    """The thread count a default-configured run actually used (from its loader)."""
-    for run in cfg.runs:
-        k = (run.get("loader_info") or {}).get("resolved_threads")
-        if isinstance(k, int):
-            return k
-    return None
-
-
-def _best(rows: list[Config]) -> Config | None:
-    scored = [(summarize(c).get("rate") or 0, c) for c in rows]
-    scored = [x for x in scored if x[0] > 0]
-    return max(scored, key=lambda x: x[0])[1] if scored else None
-
-
-def _relative(workload: str, rows: list[dict]) -> None:
-    """Ratios the issue asks about, against the DataLoader references."""
-    def find(**kw: Any) -> dict | None:
-        return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
-    if workload == "b":
-        ref = find(family="dataloader", knob=0)
-        if ref and ref.get("peak_pss_bytes"):
-            for r in rows:
-                if r.get("peak_pss_bytes") and r["family"] != "limit":
-                    r["memory_vs_w0"] = r["peak_pss_bytes"] / ref["peak_pss_bytes"]
-    if workload == "d":
-        for r in rows:
-            for ctx in ("fork", "spawn"):
-                ref = find(family="dataloader", context=ctx, dataset=r["dataset"])
-                if ref and ref.get("ttfb_s") and r.get("ttfb_s"):
-                    r[f"ttfb_vs_{ctx}"] = r["ttfb_s"] / ref["ttfb_s"]
-    if workload == "e":
-        for r in rows:
-            base = find(family="dataloader", role="reference", dataset=r["dataset"])
-            if base and base.get("rate") and r.get("rate"):
-                r["vs_dataloader_ref"] = r["rate"] / base["rate"]
-            zero = find(family=r["family"], knob=r["knob"], dataset="remote0")
-            if r["dataset"] == "remote" and zero and zero.get("rate") and r.get("rate"):
-                r["vs_zero_latency"] = r["rate"] / zero["rate"]
-        best = max((x.get("rate") or 0 for x in rows if x["family"] == "dataloader"
-                    and x["dataset"] == "remote"), default=0)
-        for r in rows:
-            if best and r.get("rate") and r["dataset"] == "remote":
-                r["vs_dataloader_best"] = r["rate"] / best
-    if workload == "a":
-        ref = next((r for r in rows if r["family"] == "dataloader" and r["knob"] == 2), None)
-        if ref and ref.get("cpu_per_sample_ms"):
-            for r in rows:
-                if r.get("cpu_per_sample_ms"):
-                    r["cpu_vs_w2"] = r["cpu_per_sample_ms"] / ref["cpu_per_sample_ms"]
-
-
-def machine_info() -> dict:
-    import platform
-
-    import psutil
-    info: dict[str, Any] = {
-        "cores_logical": os.cpu_count(),
-        "cores_physical": psutil.cpu_count(logical=False),
-        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "memory_bytes": psutil.virtual_memory().total,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "python": sys.version.split()[0],
-        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import torch
-    info["torch"] = torch.__version__
-    info["torch_threads"] = torch.get_num_threads()
-    info["cuda"] = torch.cuda.is_available()
-    if info["cuda"]:
-        info["gpu"] = torch.cuda.get_device_name(0)
-    versions = {}
-    for mod in ("numpy", "simplejpeg", "cv2", "PIL", "torchdata", "spdl", "psutil"):
-        try:
-            m = __import__(mod)
-            versions[mod] = getattr(m, "__version__", "?")
-        except Exception:  # noqa: BLE001 - absent is fine, noted as such
-            versions[mod] = None
-    try:
-        from importlib.metadata import version
-        versions["spdl-core"] = version("spdl-core")
-        versions["torchdata"] = version("torchdata")
-    except Exception:  # noqa: BLE001
-        pass
-    info["versions"] = versions
-    return info

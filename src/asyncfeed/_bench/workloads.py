@@ -14,8 +14,11 @@ sampler):
   copy the pages the objects live on (copy-on-read, pytorch issue 13246).
 * ``gil`` (workload c): the folder's samples followed by :func:`gil_bound_transform`,
   an auto-contrast written in pure Python that holds the GIL for about twice as
-  long as the decode takes (about 4 ms per sample here); ``gil-numpy``: the same transform rewritten with numpy (same
-  pixels), the remedy asyncfeed's docs give for GIL-bound code.
+  long as the decode takes (about 4 ms per sample here); ``gil-numpy``: the same
+  transform rewritten with numpy (same pixels), the remedy asyncfeed's docs give
+  for GIL-bound code.
+* workload (e) reads the ``folder`` set through ``ImageFolder(url)`` from the
+  HTTP server of :mod:`.remote`.
 
 Data sets are built in the process that runs the loader (never inherited from
 the benchmark's fork server), so every contender starts from the same state.

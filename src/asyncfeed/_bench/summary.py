@@ -1,0 +1,95 @@
+"""Medians over a configuration's runs, and the ratios the issues ask about."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .config import Config
+
+_FIGURES = ("steady_rate", "rate", "cpu_per_sample_ms", "peak_pss_bytes", "peak_rss_sum_bytes",
+            "ttfb_s", "wait_fraction", "other_load", "close_s", "build_s")
+
+
+def _median(vals: list[float]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _disturbed(run: dict, threshold: float = 0.15) -> bool:
+    return (run.get("other_load") or 0.0) > threshold
+
+
+def summarize(cfg: Config, threshold: float = 0.15) -> dict:
+    """Medians over the runs of ``cfg``: its undisturbed runs when it has any."""
+    ok = [r for r in cfg.runs if r.get("ok")]
+    clean = [r for r in ok if not _disturbed(r, threshold)]
+    used = clean or ok
+    row: dict[str, Any] = {"key": cfg.key, "label": cfg.label, "family": cfg.family,
+                           "knob": cfg.knob, "mode": cfg.mode, "context": cfg.context,
+                           "dataset": cfg.dataset, "role": cfg.role, "runs": len(cfg.runs),
+                           "ok_runs": len(ok), "runs_in_median": len(used),
+                           "disturbed": bool(used) and not clean}
+    ok = used
+    errors = [r.get("error") for r in cfg.runs if not r.get("ok")]
+    if errors:
+        row["errors"] = errors
+    for f in _FIGURES:
+        vals = [r.get(f) for r in ok]
+        if f == "peak_pss_bytes":
+            vals = [v for v in vals if v]  # 0: the run ended before a reading
+        row[f] = _median(vals) if f != "other_load" else max(
+            (v for v in vals if v is not None), default=None)
+    return row
+
+
+def _resolved(cfg: Config) -> int | None:
+    """The thread count a default-configured run actually used (from its loader)."""
+    for run in cfg.runs:
+        k = (run.get("loader_info") or {}).get("resolved_threads")
+        if isinstance(k, int):
+            return k
+    return None
+
+
+def _best(rows: list[Config]) -> Config | None:
+    scored = [(summarize(c).get("rate") or 0, c) for c in rows]
+    scored = [x for x in scored if x[0] > 0]
+    return max(scored, key=lambda x: x[0])[1] if scored else None
+
+
+def _relative(workload: str, rows: list[dict]) -> None:
+    """Ratios the issue asks about, against the DataLoader references."""
+    def find(**kw: Any) -> dict | None:
+        return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
+    if workload == "b":
+        ref = find(family="dataloader", knob=0)
+        if ref and ref.get("peak_pss_bytes"):
+            for r in rows:
+                if r.get("peak_pss_bytes") and r["family"] != "limit":
+                    r["memory_vs_w0"] = r["peak_pss_bytes"] / ref["peak_pss_bytes"]
+    if workload == "d":
+        for r in rows:
+            for ctx in ("fork", "spawn"):
+                ref = find(family="dataloader", context=ctx, dataset=r["dataset"])
+                if ref and ref.get("ttfb_s") and r.get("ttfb_s"):
+                    r[f"ttfb_vs_{ctx}"] = r["ttfb_s"] / ref["ttfb_s"]
+    if workload == "e":
+        for r in rows:
+            base = find(family="dataloader", role="reference", dataset=r["dataset"])
+            if base and base.get("rate") and r.get("rate"):
+                r["vs_dataloader_ref"] = r["rate"] / base["rate"]
+            zero = find(family=r["family"], knob=r["knob"], dataset="remote0")
+            if r["dataset"] == "remote" and zero and zero.get("rate") and r.get("rate"):
+                r["vs_zero_latency"] = r["rate"] / zero["rate"]
+        best = max((x.get("rate") or 0 for x in rows if x["family"] == "dataloader"
+                    and x["dataset"] == "remote"), default=0)
+        for r in rows:
+            if best and r.get("rate") and r["dataset"] == "remote":
+                r["vs_dataloader_best"] = r["rate"] / best
+    if workload == "a":
+        ref = next((r for r in rows if r["family"] == "dataloader" and r["knob"] == 2), None)
+        if ref and ref.get("cpu_per_sample_ms"):
+            for r in rows:
+                if r.get("cpu_per_sample_ms"):
+                    r["cpu_vs_w2"] = r["cpu_per_sample_ms"] / ref["cpu_per_sample_ms"]
