@@ -82,9 +82,12 @@ class SlowStream(IterableDataset):
             yield torch.full((3,), float(i)), i
 
 
-def make(kind: str, **kw) -> AsyncLoader:
-    ds = {"map": Slow, "async": SlowAsync, "iterable": SlowStream}[kind]()
-    return AsyncLoader(ds, batch_size=4, num_threads=2, **kw)
+def dataset(kind: str, **kw):
+    return {"map": Slow, "async": SlowAsync, "iterable": SlowStream}[kind](**kw)
+
+
+def make(kind: str, data: dict | None = None, **kw) -> AsyncLoader:
+    return AsyncLoader(dataset(kind, **(data or {})), batch_size=4, num_threads=2, **kw)
 
 
 KINDS = ["map", "async", "iterable"]
@@ -104,8 +107,7 @@ def test_break_out_of_the_loop(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_loader_usable_after_a_break(kind):
-    loader = AsyncLoader({"map": Slow, "async": SlowAsync, "iterable": SlowStream}[kind](
-        n=30, delay=0.001), batch_size=4, num_threads=2)
+    loader = make(kind, dict(n=30, delay=0.001))
     for _ in loader:
         break
     assert [b[1].tolist() for b in loader] == [list(range(i, min(i + 4, 30)))
@@ -186,8 +188,7 @@ def test_dropping_an_unstarted_iterator():
 # ------------------------------------------------------- a second iter(), close()
 @pytest.mark.parametrize("kind", KINDS)
 def test_second_iter_closes_the_first(kind):
-    loader = AsyncLoader({"map": Slow, "async": SlowAsync, "iterable": SlowStream}[kind](
-        n=22, delay=0.005), batch_size=4, num_threads=2)
+    loader = make(kind, dict(n=22, delay=0.005))
     first = iter(loader)
     assert next(first)[1].tolist() == [0, 1, 2, 3]
     second = iter(loader)
@@ -299,7 +300,7 @@ def test_exhausted_iterator_keeps_raising_stop_iteration():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_many_short_epochs(kind):
-    ds = {"map": Slow, "async": SlowAsync, "iterable": SlowStream}[kind](n=10, delay=0.0)
+    ds = dataset(kind, n=10, delay=0.0)
     with AsyncLoader(ds, batch_size=3, num_threads=2) as loader:
         for epoch in range(20):
             loader.set_epoch(epoch)

@@ -242,14 +242,14 @@ class AsyncLoader:
                           on_loop_close=getattr(self.dataset, "close_io", None)
                           if self._use_fetch else None)
         try:
-            pipeline = self._make_pipeline(runtime)
+            pipeline, origin = self._make_pipeline(runtime)
         except BaseException:
             runtime.close()
             raise
         runtime.keepalive = pipeline
         it = _Iterator(self, pipeline, runtime)
-        if not self._iterable:
-            it._set_origin(self._pending_replay, self._pending_pos)
+        if origin is not None:
+            it._set_origin(*origin)
         self._current = weakref.ref(it)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_current, [self._current])
@@ -257,32 +257,33 @@ class AsyncLoader:
         it._start()
         return it
 
-    def _make_pipeline(self, runtime: Runtime) -> Pipeline:
+    def _make_pipeline(self, runtime: Runtime
+                       ) -> tuple[Pipeline, tuple[dict[str, Any], dict[str, Any]] | None]:
+        """The pass's pipeline and, for map-style data, its (replay, start position)."""
         if self._iterable:
             self._stats.path = "iterable"
             return IterablePipeline(dataset=self.dataset, batch_size=self.batch_size,
                                     drop_last=self.drop_last, collate=self._collate,
                                     runtime=runtime, prefetch=self.prefetch, copy=self._copy,
-                                    pin_host=self.pin_memory, skip=self.on_error == "skip")
-        plan, replay = self._start_plan()
+                                    pin_host=self.pin_memory, skip=self.on_error == "skip"), None
+        plan, replay, position = self._start_plan()
         return Pipeline(dataset=self.dataset, plan=plan,
                         auto_collation=self._plan.auto_collation, collate=self._collate,
                         default_collate=self._layouts.enabled, layouts=self._layouts,
                         runtime=runtime, prefetch=self.prefetch,
                         io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
                         copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
-                        batch_size=self.batch_size)
+                        batch_size=self.batch_size), (replay, position)
 
-    def _start_plan(self) -> tuple[Iterator[Any], dict[str, Any]]:
-        """The epoch's plan, fast-forwarded past what a loaded state had consumed."""
+    def _start_plan(self) -> tuple[Iterator[Any], dict[str, Any], dict[str, Any]]:
+        """The epoch's plan, fast-forwarded past what a loaded state had consumed,
+        its replay record, and where the pass starts (for the iterator's state)."""
         resume, self._resume = self._resume, None
-        self._pending_replay: dict[str, Any] = {}
-        self._pending_pos = {"base": 0, "offset": 0, "extra": [], "carry": []}
         if resume is None:
             plan, replay = self._plan.start(self._epoch)
-            self._pending_replay = replay
-            return plan, replay
+            return plan, replay, {"base": 0, "offset": 0, "extra": [], "carry": []}
         taken = int(resume["batches_taken"])
+        carry = list(resume.get("carry", []))
         if resume["world_size"] != self.world_size:
             if self._plan.user_sampler is not None or self._plan.user_batch_sampler is not None:
                 raise StateError("resuming with another world size needs the loader's own "
@@ -291,20 +292,16 @@ class AsyncLoader:
                 raise StateError("an elastic resume (another world size) needs a state "
                                  "taken with in_order=True")
             offset = int(resume["offset"])
-            self._pending_pos = {"base": 0, "offset": offset, "extra": [],
-                                 "carry": list(resume.get("carry", []))}
-            self._pending_replay = {}
-            return self._plan.resharded(self._epoch, offset), {}
+            return (self._plan.resharded(self._epoch, offset), {},
+                    {"base": 0, "offset": offset, "extra": [], "carry": carry})
         plan, replay = self._plan.start(self._epoch, resume.get("replay"))
         for _ in range(taken):
             next(plan, None)
         extra = set(resume.get("taken_extra", []))
-        self._pending_replay = replay
-        self._pending_pos = {"base": taken, "offset": int(resume.get("offset", 0)),
-                             "extra": sorted(extra), "carry": list(resume.get("carry", []))}
         if extra:
             plan = _blank_taken(plan, taken, extra)
-        return plan, replay
+        return plan, replay, {"base": taken, "offset": int(resume.get("offset", 0)),
+                              "extra": sorted(extra), "carry": carry}
 
     # -------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,6 @@ moment DataLoader would.
 from __future__ import annotations
 
 import base64
-import itertools
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -55,16 +54,19 @@ def validate(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler
         raise ValueError(f"batch_size should be a positive integer value, got {batch_size!r}")
 
 
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
+    """The global order of an epoch as ``DistributedSampler`` draws it (before sharding)."""
+    if not shuffle:
+        return list(range(n))
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
 def distributed_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int,
                         world_size: int, drop_last: bool) -> list[int]:
     """Exactly the indices ``DistributedSampler`` gives ``rank`` for ``epoch``."""
-    if shuffle:
-        g = torch.Generator()
-        g.manual_seed(seed + epoch)
-        order = torch.randperm(n, generator=g).tolist()
-    else:
-        order = list(range(n))
-    return shard(order, rank, world_size, drop_last)
+    return shard(epoch_order(n, epoch, seed, shuffle), rank, world_size, drop_last)
 
 
 def shard(order: list[int], rank: int, world_size: int, drop_last: bool) -> list[int]:
@@ -181,13 +183,7 @@ class IndexPlan:
         size): the rest of the epoch split across the current ranks, each sample
         once, padded as ``DistributedSampler`` pads."""
         n = len(self.dataset)
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed((self.seed or 0) + epoch)
-            order = torch.randperm(n, generator=g).tolist()
-        else:
-            order = list(range(n))
-        rest = order[min(offset, n):]
+        rest = epoch_order(n, epoch, self.seed or 0, self.shuffle)[min(offset, n):]
         mine = shard(rest, self.rank, self.world_size, self.drop_last) if rest else []
         if self.batch_size is None:
             return iter(mine)
@@ -195,8 +191,3 @@ class IndexPlan:
 
     def __len__(self) -> int:
         return len(self.index_sampler(0))  # type: ignore[arg-type]
-
-
-def islice_batches(it: Iterator[Any], n: int) -> list[Any]:
-    """Up to ``n`` next items of ``it``."""
-    return list(itertools.islice(it, n))

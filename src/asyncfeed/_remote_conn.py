@@ -215,17 +215,6 @@ async def _close_async_fs(fs: Any) -> None:
             return
 
 
-def _close_conn_soon(conn: _Conn) -> None:
-    """Finalizer for the connection on fsspec's I/O loop (it outlives any source)."""
-    loop = conn.loop
-    if loop.is_closed() or not loop.is_running():
-        return
-    try:
-        asyncio.run_coroutine_threadsafe(conn.close(), loop)
-    except RuntimeError:  # pragma: no cover - loop shutting down
-        pass
-
-
 def close_conn_soon(conn: LoopConn) -> None:
     """Finalizer for a connection on fsspec's I/O loop (it outlives any source)."""
     loop = conn.loop
