@@ -210,48 +210,40 @@ ops = st.lists(st.tuples(st.sampled_from(["get", "put"]), st.integers(0, 7),
                          st.integers(1, 40)), max_size=60)
 
 
-@settings(max_examples=40, deadline=None)
-@given(ops)
-def test_memory_cache_matches_an_lru_model(seq):
+def replay_against_lru_model(cache, seq, budget: int, cost) -> "OrderedDict[int, bytes]":
+    """Run ``seq`` on ``cache`` and on a plain LRU model of it (``cost(v)`` bytes per
+    entry); every get must agree.  Returns the model's final content."""
     from collections import OrderedDict
-    budget = 100
-    m = MemoryCache(max_bytes=budget)
     model: OrderedDict[int, bytes] = OrderedDict()
     for op, k, n in seq:
         if op == "put":
             data = bytes([k]) * n
-            m.put(str(k), data)
+            cache.put(str(k), data)
             model.pop(k, None)
             model[k] = data
-            while sum(map(len, model.values())) > budget:
+            while sum(cost(v) for v in model.values()) > budget:
                 model.popitem(last=False)
         else:
-            got = m.get(str(k))
-            assert got == model.get(k)
+            assert cache.get(str(k)) == model.get(k)
             if k in model:
                 model.move_to_end(k)
+    return model
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops)
+def test_memory_cache_matches_an_lru_model(seq):
+    m = MemoryCache(max_bytes=100)
+    model = replay_against_lru_model(m, seq, 100, len)
     assert [int(k) for k in m._data] == list(model)
 
 
 @settings(max_examples=15, deadline=None)
 @given(ops)
 def test_disk_cache_matches_an_lru_model(tmp_path_factory, seq):
-    from collections import OrderedDict
     budget = 3 * (HEADER + 40)
     c = DiskCache(tmp_path_factory.mktemp("lru"), max_bytes=budget)
-    model: OrderedDict[int, bytes] = OrderedDict()
-    for op, k, n in seq:
-        if op == "put":
-            data = bytes([k]) * n
-            c.put(str(k), data)
-            model.pop(k, None)
-            model[k] = data
-            while sum(HEADER + len(v) for v in model.values()) > budget:
-                model.popitem(last=False)
-        else:
-            assert c.get(str(k)) == model.get(k)
-            if k in model:
-                model.move_to_end(k)
+    model = replay_against_lru_model(c, seq, budget, lambda v: HEADER + len(v))
     assert len(c) == len(model) and c.nbytes == sum(HEADER + len(v) for v in model.values())
 
 
