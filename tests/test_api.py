@@ -284,8 +284,6 @@ def test_stats():
         assert al.stats().skipped == [], "stats() must return a snapshot"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: stats().samples guesses the batch length from "
-                                      "the collated output (_batch_len), 1 for a list of ints")
 def test_stats_count_samples_with_a_custom_collate():
     """``samples`` counts samples, whatever ``collate_fn`` makes of them."""
     with AsyncLoader(Squares(), batch_size=3, collate_fn=lambda b: [s[1] for s in b]) as al:
@@ -295,6 +293,9 @@ def test_stats_count_samples_with_a_custom_collate():
                      collate_fn=lambda b: {"n": len(b), "ids": [s[1] for s in b]}) as al:
         list(al)
         assert al.stats().samples == 10
+    with AsyncLoader(Squares(), batch_size=None) as al:   # no batching: a sample a batch
+        list(al)
+        assert (al.stats().batches, al.stats().samples) == (10, 10)
 
 
 def test_closed_loader_error_message():

@@ -16,6 +16,7 @@ from torch.utils.data import default_collate, default_convert
 
 from ._device import CopyStream, pin, resolve_device, resolve_pin
 from ._errors import AsyncFeedError, LoaderClosedError, SampleError, StateError
+from ._hostpool import HostBufferPool
 from ._iterable import IterablePipeline
 from ._layout import Layout
 from ._pipeline import Batch, LayoutHolder, Pipeline, sample_error
@@ -166,6 +167,10 @@ class AsyncLoader:
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
         self._ring: SlotRing | None = None
         self._ring_lock = threading.Lock()
+        # host batches (no CUDA ring): the prefetched ones, the one the user holds,
+        # and one being released
+        self._host_pool = HostBufferPool(self.prefetch + 2,
+                                         pin=self.pin_memory and self.device is None)
         self._copy: CopyStream | None = None
         self._epoch = 0
         self._stats = LoaderStats()
@@ -273,7 +278,7 @@ class AsyncLoader:
                         runtime=runtime, prefetch=self.prefetch,
                         io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
                         copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
-                        batch_size=self.batch_size), (replay, position)
+                        batch_size=self.batch_size, host_bufs=self._host_bufs), (replay, position)
 
     def _start_plan(self) -> tuple[Iterator[Any], dict[str, Any], dict[str, Any]]:
         """The epoch's plan, fast-forwarded past what a loaded state had consumed,
@@ -367,6 +372,10 @@ class AsyncLoader:
         except TypeError:
             return None
 
+    def _host_bufs(self, layout: Layout, rows: int) -> list[Any]:
+        """Host buffers for a batch of ``rows``: reused once nobody holds them."""
+        return self._host_pool.take(layout, max(rows, self.batch_size or rows))
+
     def _get_ring(self, layout: Layout, rows: int) -> SlotRing | None:
         """The pinned slot ring (CUDA only), made once the layout is known."""
         if self.device is None or not self.pin_memory:
@@ -388,6 +397,7 @@ class AsyncLoader:
         self._closed = True
         self._close_current("the loader was closed")
         self._ring = None
+        self._host_pool.clear()
         self._finalizer.detach()
 
     def __enter__(self) -> AsyncLoader:
@@ -453,6 +463,7 @@ class _Iterator:
         self._done = False
         self._carry: list[tuple[Any, Any]] = []
         self._emitted = 0
+        self._last_n = 0                     # samples in the batch just handed out
         self._replay: dict[str, Any] = {}
         self._base = 0                       # plan batches consumed before this pass
         self._offset0 = 0                    # sharded: global positions consumed before
@@ -522,7 +533,7 @@ class _Iterator:
             self._loader._stats.wait_s += time.perf_counter() - t0
         st = self._loader._stats
         st.batches += 1
-        st.samples += _batch_len(out)
+        st.samples += self._last_n
         if st.path == "":
             st.path = "collate"
         return out
@@ -609,6 +620,7 @@ class _Iterator:
         return b
 
     def _deliver(self, b: Batch) -> Any:
+        self._last_n = b.n - len(b.failures)  # an iterable's skipped samples had a row number
         if self._p.copy is not None and b.event is not None:
             self._p.copy.hand_over(b.output, b.event)
         return b.output
@@ -616,6 +628,7 @@ class _Iterator:
     def _emit(self, samples: list[Any]) -> Any:
         """Collate samples in this thread (the slow path, after a skip)."""
         p = self._p
+        self._last_n = len(samples)
         host = p.collate(samples)
         if p.copy is not None:
             out, event = p.copy.to_device(pin(host) if p.pin_host else host)
@@ -650,13 +663,3 @@ def _batch_error(dataset: Any, b: Batch) -> AsyncFeedError:
                              f"{'...' if b.n > 8 else ''}) failed: {type(e).__name__}: {e}")
     err.__cause__ = e
     return err
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    return 1

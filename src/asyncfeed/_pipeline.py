@@ -93,7 +93,8 @@ class Pipeline:
                  layouts: LayoutHolder, runtime: Runtime, prefetch: int,
                  io_concurrency: int, use_fetch: bool, copy: CopyStream | None,
                  pin_host: bool, ring: Callable[[Layout, int], SlotRing | None],
-                 batch_size: int | None) -> None:
+                 batch_size: int | None,
+                 host_bufs: Callable[[Layout, int], list[Any]] | None = None) -> None:
         self.dataset = dataset
         self.plan = plan
         self.auto_collation = auto_collation
@@ -106,6 +107,7 @@ class Pipeline:
         self.copy = copy
         self.pin_host = pin_host
         self.get_ring = ring
+        self.host_bufs = host_bufs
         self.batch_size = batch_size
         self.use_getitems = bool(getattr(dataset, "__getitems__", None)) and auto_collation
         self.ring_ok = default_collate and auto_collation and not self.use_getitems
@@ -124,9 +126,21 @@ class Pipeline:
         self._fetch_workers: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ consumer
+    def _ahead(self) -> int:
+        """How many batches may be outstanding now.
+
+        One until the first sample has shown whether batches can be written in
+        place: the first batch gets every thread (time to first batch), and the
+        batches after it are written into rows instead of being collated.
+        """
+        return self.prefetch if self.layouts.decided or not self.ring_ok else 1
+
+    def _room(self) -> bool:
+        return not self.exhausted and self.submitted - self.taken < self._ahead()
+
     def top_up(self) -> None:
-        """Submit planned batches until ``prefetch`` are outstanding (consumer thread)."""
-        while not self.exhausted and self.submitted - self.taken < self.prefetch:
+        """Submit planned batches until enough are outstanding (consumer thread)."""
+        while self._room():
             try:
                 item = next(self.plan)
             except StopIteration:
@@ -151,6 +165,8 @@ class Pipeline:
             if ring is not None:
                 b.slot = ring.acquire()
                 b.bufs = b.slot.bufs
+            elif self.host_bufs is not None:
+                b.bufs = self.host_bufs(b.layout, b.n)
             else:
                 b.bufs = b.layout.allocate(b.n, pin=self.pin_host)
         self.sizes.append(b.n)
@@ -182,21 +198,25 @@ class Pipeline:
         """The batch ``k`` (or, with ``k=None``, the oldest ready one) once ready;
         None when the epoch has no more batches.  Raises LoaderTimeout."""
         deadline = None if not timeout else time.monotonic() + timeout
-        with self.cond:
-            while True:
-                if k is not None:
-                    if k in self.ready:
-                        return self.ready.pop(k)
-                elif self.ready:
-                    return self.ready.pop(min(self.ready))
-                if self.taken >= self.submitted and self.exhausted:
-                    return None
-                if self.stopping:
-                    raise LoaderClosedError("the loader was closed while waiting for a batch")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise LoaderTimeout(self._timeout_message(k, timeout))
-                self.cond.wait(remaining if remaining is not None else 1.0)
+        while True:
+            with self.cond:
+                while True:
+                    if k is not None:
+                        if k in self.ready:
+                            return self.ready.pop(k)
+                    elif self.ready:
+                        return self.ready.pop(min(self.ready))
+                    if self.taken >= self.submitted and self.exhausted:
+                        return None
+                    if self.stopping:
+                        raise LoaderClosedError("the loader was closed while waiting for a batch")
+                    if self.ring_ok and self._room():
+                        break  # the layout is known now: submit the rest (outside the lock)
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise LoaderTimeout(self._timeout_message(k, timeout))
+                    self.cond.wait(remaining if remaining is not None else 1.0)
+            self.top_up()
 
     def _timeout_message(self, k: int | None, timeout: float | None) -> str:
         waiting = [f"batch {b.k} waits for samples {b.pending()[:8]}" for b in self._inflight]
@@ -286,6 +306,8 @@ class Pipeline:
                 b.samples[row] = sample
                 if not self.layouts.decided:
                     self.layouts.offer(sample)
+                    with self.cond:
+                        self.cond.notify_all()  # the consumer may submit more batches now
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._failed(b, row, idx, e)
             return
@@ -325,11 +347,28 @@ class Pipeline:
                     host = b.layout.assemble(b.bufs, b.n)
                     b.samples = [None] * b.n  # rows hold the data now
                 else:
-                    host = self.collate(b.samples)
+                    host = self._collate_late(b)
                 b.output, b.event = self.to_target(host)
         except BaseException as e:  # noqa: BLE001
             b.error = e
         self._mark_ready(b)
+
+    def _collate_late(self, b: Batch) -> Any:
+        """Collate a batch submitted before the layout was known: into reused host
+        buffers when the samples fit it (NumPy copies, bit-identical to
+        ``default_collate``), else with the collate function."""
+        layout = self.layouts.layout
+        if b.mode == "collate" and self.ring_ok and layout is not None \
+                and self.host_bufs is not None:
+            bufs = self.host_bufs(layout, b.n)
+            try:
+                for row, sample in enumerate(b.samples):
+                    layout.write_row(bufs, row, sample)
+            except LayoutMismatch:
+                pass
+            else:
+                return layout.assemble(bufs, b.n)
+        return self.collate(b.samples)
 
     def _mark_ready(self, b: Batch) -> None:
         with self.cond:

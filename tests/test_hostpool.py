@@ -1,0 +1,118 @@
+"""Reused host batch buffers: reused only when nobody holds any part of a batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from asyncfeed import AsyncLoader
+from asyncfeed._hostpool import HostBufferPool, reuse_supported
+from asyncfeed._layout import Layout
+from test_parity import MixedFixed, TupleFixed, assert_same, gen
+
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.skipif(not reuse_supported(), reason="this torch hides use counts")]
+
+
+def layout_of(sample):
+    layout = Layout.infer(sample)
+    assert layout is not None
+    return layout
+
+
+def test_pool_reuses_a_dropped_batch_and_never_a_held_one():
+    layout = layout_of((torch.zeros(3, 4, dtype=torch.uint8), 7, "name"))
+    pool = HostBufferPool(capacity=2)
+    a = pool.take(layout, 5)
+    ptr = a[0].data_ptr()
+    b = pool.take(layout, 5)                      # a is held: a second set
+    b_ptr = b[0].data_ptr()
+    assert b_ptr != ptr
+    del a
+    c = pool.take(layout, 5)                      # a was dropped: its memory comes back
+    assert c[0].data_ptr() == ptr and pool.reused == 1
+    assert c[2] == [None] * 5, "list leaves must be fresh lists"
+    view = c[0][1]                                # a view of one row keeps the whole set busy
+    arr = b[1].numpy()                            # so does a NumPy array of a leaf
+    del c, b
+    d = pool.take(layout, 5)                      # capacity 2, both busy: a fresh one
+    assert d[0].data_ptr() not in (ptr, b_ptr) and pool.allocated == 3
+    del view, arr, d
+    e = pool.take(layout, 5)                      # both kept sets are free again
+    assert pool.reused == 2 and e[0].data_ptr() in (ptr, b_ptr)
+
+
+def test_pool_keeps_at_most_capacity_and_resets_on_a_new_layout():
+    layout = layout_of((torch.zeros(2),))
+    pool = HostBufferPool(capacity=1)
+    held = [pool.take(layout, 4) for _ in range(3)]   # the last two are not kept
+    assert pool.allocated == 3 and len(pool._kept) == 1
+    del held
+    pool.take(layout, 4)
+    assert pool.reused == 1
+    other = layout_of((torch.zeros(5),))
+    bufs = pool.take(other, 4)
+    assert tuple(bufs[0].shape) == (4, 5) and pool.allocated == 4
+    pool.clear()
+    assert pool._kept == []
+
+
+def test_pool_zero_capacity_always_allocates():
+    layout = layout_of((torch.zeros(2),))
+    pool = HostBufferPool(capacity=0)
+    for _ in range(3):
+        pool.take(layout, 2)
+    assert (pool.allocated, pool.reused) == (3, 0)
+
+
+def test_loader_reuses_buffers_and_matches_dataloader():
+    ds = TupleFixed(n=300)
+    want = DataLoader(ds, batch_size=16, shuffle=True, generator=gen())
+    with AsyncLoader(ds, batch_size=16, shuffle=True, generator=gen(), num_threads=3) as al:
+        for epoch in range(2):
+            for got, ref in zip(al, want, strict=True):
+                assert_same(got, ref)
+        pool = al._host_pool
+        assert pool.reused > 0, "buffers of dropped batches were never reused"
+        assert pool.allocated <= pool.capacity + 1
+
+
+class RingMixed(MixedFixed):
+    """MixedFixed without its NumPy scalar leaf, so batches go through the buffers."""
+
+    def __getitem__(self, i: int):
+        sample = super().__getitem__(i)
+        del sample["np_u8"]
+        return sample
+
+
+@pytest.mark.parametrize("num_threads", [1, 4])
+def test_held_batches_views_and_arrays_are_never_overwritten(num_threads):
+    """Whatever part of a batch the user keeps stays as it was, epochs later."""
+    ds = RingMixed(n=90)
+    want = [list(DataLoader(ds, batch_size=4, shuffle=True, generator=gen(e)))
+            for e in range(3)]
+    kept = []
+    for e in range(3):
+        with AsyncLoader(ds, batch_size=4, shuffle=True, generator=gen(e),
+                         num_threads=num_threads, prefetch=2) as al:
+            for k, batch in enumerate(al):
+                if k % 5 == 0:
+                    kept.append((e, k, "batch", batch))
+                elif k % 5 == 1:
+                    kept.append((e, k, "row", batch["img"][1]))
+                elif k % 5 == 2:
+                    kept.append((e, k, "numpy", batch["f32"].numpy()))
+                del batch
+            assert al.stats().path == "ring"
+            assert al._host_pool.reused > 0
+    for e, k, what, x in kept:
+        ref = want[e][k]
+        if what == "batch":
+            assert_same(x, ref)
+        elif what == "row":
+            assert torch.equal(x, ref["img"][1])
+        else:
+            assert np.array_equal(x, ref["f32"].numpy())
