@@ -486,15 +486,10 @@ def test_iterable_raise_mode_matches_dataloader():
             assert_same(g, w)
 
 
-TAIL_BUG = pytest.mark.xfail(strict=True, reason="bug: a batch of the stream's tail with only "
-                             "failures (>= 2): Pipeline.good_samples indexes b.samples by row, "
-                             "IndexError")
-
-
 @pytest.mark.parametrize("bad", [
     {6, 13}, {0, 1, 2}, {17, 18, 19}, {4, 5, 6, 7, 8},
-    pytest.param({16, 17, 18, 19}, marks=TAIL_BUG, id="tail-all-bad"),
-    pytest.param(set(range(20)), marks=TAIL_BUG, id="all-bad")])
+    pytest.param({16, 17, 18, 19}, id="tail-all-bad"),
+    pytest.param(set(range(20)), id="all-bad")])
 @pytest.mark.parametrize("in_order", [True, False])
 def test_iterable_skip_mode_continues_with_the_next_items(in_order, bad):
     ds = FlakyStream(20, bad=bad)

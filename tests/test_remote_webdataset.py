@@ -249,3 +249,144 @@ def test_rank_from_the_environment_like_the_loader(shard_dir, monkeypatch):
     ds = WebDatasetShards(_pattern(shard_dir + "/"), seed=1, shuffle_buffer=0)
     want = ds.shards_for(2, 3)
     assert sorted({s["__url__"] for s in ds}) == sorted(want)
+
+
+# -- ranks: set_rank ----------------------------------------------------------------------
+
+def test_set_rank_splits_the_shards(shard_dir):
+    seen = []
+    for rank in range(4):
+        ds = WebDatasetShards(_pattern(shard_dir + "/"), seed=3)
+        ds.set_rank(rank, 4)
+        samples = list(ds)
+        assert {s["__url__"] for s in samples} == set(ds.shards_for(rank, 4))
+        got = _keys(samples)
+        seen.append(got)
+        # the same as the constructor's rank and world size
+        assert got == _keys(WebDatasetShards(_pattern(shard_dir + "/"), seed=3,
+                                             rank=rank, world_size=4))
+    assert sorted(k for keys in seen for k in keys) == ALL_KEYS  # every sample once
+
+
+def test_set_rank_beats_the_environment_and_yields_to_the_constructor(shard_dir, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    ds = WebDatasetShards(_pattern(shard_dir + "/"), seed=1, shuffle_buffer=0)
+    ds.set_rank(0, 2)
+    assert sorted({s["__url__"] for s in ds}) == sorted(ds.shards_for(0, 2))
+    ds.set_rank(1, 2)  # the latest call counts
+    assert sorted({s["__url__"] for s in ds}) == sorted(ds.shards_for(1, 2))
+    fixed = WebDatasetShards(_pattern(shard_dir + "/"), seed=1, shuffle_buffer=0,
+                             rank=1, world_size=3)
+    fixed.set_rank(0, 1)
+    assert sorted({s["__url__"] for s in fixed}) == sorted(fixed.shards_for(1, 3))
+    again = pickle.loads(pickle.dumps(ds))  # travels with the dataset
+    assert sorted({s["__url__"] for s in again}) == sorted(ds.shards_for(1, 2))
+
+
+@pytest.mark.parametrize("rank,world_size", [(2, 2), (-1, 2), (0, 0), (0.5, 2), ("0", "1")])
+def test_set_rank_rejects_bad_values(shard_dir, rank, world_size):
+    ds = WebDatasetShards(_pattern(shard_dir + "/"))
+    with pytest.raises(ValueError):
+        ds.set_rank(rank, world_size)
+
+
+def test_pipeline_hands_the_loader_rank_to_the_shards(shard_dir):
+    """What AsyncLoader does at iter(): IterablePipeline(ranks=...) calls set_rank first."""
+    from asyncfeed._iterable import IterablePipeline
+    from asyncfeed._runtime import Runtime
+    ds = WebDatasetShards(_pattern(shard_dir + "/"), seed=7, shuffle_buffer=0)
+    with Runtime(1, with_loop=False) as rt:
+        p = IterablePipeline(dataset=ds, batch_size=4, drop_last=False, collate=list,
+                             runtime=rt, prefetch=2, copy=None, pin_host=False, skip=False,
+                             ranks=(1, 2))
+        assert ds._loader_rank == (1, 2)
+        first = next(p.it)
+    assert first["__url__"] == ds.shards_for(1, 2)[0]
+
+
+# -- the split: tar reading in one thread, decoding in the pool ---------------------------
+
+class _Recording:
+    """ImageLabelDecoder(32) that records its threads and fails on chosen keys."""
+
+    def __init__(self, bad=()) -> None:
+        import threading
+        self.inner, self.bad = ImageLabelDecoder(32), set(bad)
+        self.lock = threading.Lock()
+        self.threads: set[str] = set()
+        self.calls = 0
+
+    def __call__(self, sample):
+        import threading
+        with self.lock:
+            self.threads.add(threading.current_thread().name)
+            self.calls += 1
+        if sample["__key__"] in self.bad:
+            raise ValueError(f"cannot decode {sample['__key__']}")
+        return self.inner(sample)
+
+
+def _drain(it) -> list:
+    out = []
+    while True:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            return out
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+
+
+def test_asyncloader_decodes_shards_in_the_pool(shard_dir):
+    from asyncfeed import AsyncLoader
+    from asyncfeed._iterable import split_decode
+    rec = _Recording()
+    ds = WebDatasetShards(_pattern(shard_dir + "/"), seed=2, shuffle_buffer=9, decode=rec)
+    assert split_decode(ds) is rec
+    want = list(torch.utils.data.DataLoader(ds, batch_size=5))
+    rec.threads.clear()
+    with AsyncLoader(ds, batch_size=5, num_threads=3) as loader:
+        got = list(loader)
+    assert rec.threads and all(t.startswith("asyncfeed-decode") for t in rec.threads)
+    assert len(got) == len(want)
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_subclass_with_its_own_iter_is_not_split(shard_dir):
+    from asyncfeed import AsyncLoader
+    from asyncfeed._iterable import split_decode
+
+    class Flipped(WebDatasetShards):
+        def __iter__(self):
+            return ((img.flip(-1), y) for img, y in super().__iter__())
+
+    ds = Flipped(_pattern(shard_dir + "/"), seed=2, decode=ImageLabelDecoder(32))
+    assert split_decode(ds) is None
+    with AsyncLoader(ds, batch_size=6) as loader:
+        got = list(loader)
+    want = list(torch.utils.data.DataLoader(ds, batch_size=6))
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got, want, strict=True))
+
+
+def test_asyncloader_shard_decode_errors(shard_dir):
+    from asyncfeed import AsyncLoader, SampleError
+    bad = {"part0/s00_003", "part0/s00_004", "part2/s02_006", "part5/s05_000"}
+    ds = WebDatasetShards(_pattern(shard_dir + "/"), shuffle_buffer=0, shuffle_shards=False,
+                          decode=_Recording(bad))
+    want = _drain(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    with AsyncLoader(ds, batch_size=4, num_threads=3) as loader:
+        got = _drain(iter(loader))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if isinstance(w, Exception):
+            assert isinstance(g, SampleError) and str(g.__cause__) == str(w)
+        else:
+            assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1])
+    with AsyncLoader(ds, batch_size=4, num_threads=3, on_error="skip") as loader:
+        labels = torch.cat([y for _, y in loader]).tolist()
+        skipped = loader.stats().skipped
+    good = [k for k in ALL_KEYS if k not in bad]
+    assert labels == [(int(k[4]) * PER_SHARD + int(k[-3:])) % 5 for k in good]
+    assert sorted(s.index for s in skipped) == sorted(ALL_KEYS.index(k) for k in bad)

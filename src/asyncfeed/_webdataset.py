@@ -20,6 +20,13 @@ connection is retried or raised, never parsed as a short shard.  Local shards
 Samples go through a shuffle buffer of ``shuffle_buffer`` samples whose random
 choices come from ``seed``, the epoch, the rank and the worker: the same settings
 give the same sample order, run after run.
+
+The work is split for :class:`~asyncfeed.AsyncLoader` (see ``_iterable``):
+``iter_raw()`` (reading and parsing the tar stream, shuffling) is the sequential
+part, pulled by one thread at a time, and ``decode(sample)`` (image decoding) the
+parallel part, run in the loader's decode threads.  ``iter(dataset)`` is
+``map(decode, iter_raw())``.  The loader also tells the dataset its rank and
+world size with ``set_rank``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import asyncio
 import collections
 import io
 import logging
+import operator
 import random
 import re
 import tarfile
@@ -175,6 +183,18 @@ class ImageLabelDecoder:
         return torch.from_numpy(img), label
 
 
+def _check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
+    """(rank, world_size) as ints; ValueError unless 0 <= rank < world_size."""
+    try:
+        r, w = operator.index(rank), operator.index(world_size)
+    except TypeError:
+        raise ValueError(f"rank and world_size must be ints, got {rank!r} and "
+                         f"{world_size!r}") from None
+    if w < 1 or not 0 <= r < w:
+        raise ValueError(f"rank {r} out of range for world_size {w}")
+    return r, w
+
+
 def _default_rank() -> tuple[int, int]:
     """The loader's rule: torch.distributed's rank and world size, else RANK/WORLD_SIZE."""
     from ._loader import resolve_ranks
@@ -198,14 +218,19 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
     shuffle_shards:
         Shuffle the shard list each epoch (same order on every rank).
     decode:
-        Called on each sample dict in the iterating thread (None: yield the dicts).
-        ``ImageLabelDecoder(size)`` gives ``(image tensor, label)``.
+        Called on each sample dict (None: yield the dicts).  ``ImageLabelDecoder(size)``
+        gives ``(image tensor, label)``.  Iterating the dataset calls it in the
+        iterating thread; ``AsyncLoader`` calls it in its decode threads, several at
+        once (it must be thread-safe), while one thread reads the shards.
     rank, world_size:
-        Which share of the shards this process reads (default: as ``AsyncLoader``
-        decides: torch.distributed's rank and world size when initialised, else the
-        ``RANK``/``WORLD_SIZE`` environment, else 0 and 1).  Shard ``i`` of the
-        epoch's order goes to rank ``i % world_size``.  Ranks may get a different
-        number of samples when shards differ in size or do not divide evenly.
+        Which share of the shards this process reads.  Given here, they win;
+        otherwise the values of the last ``set_rank`` (``AsyncLoader`` calls it with
+        its own ``rank``/``world_size`` at every ``iter()``); otherwise as
+        ``AsyncLoader`` decides: torch.distributed's rank and world size when
+        initialised, else the ``RANK``/``WORLD_SIZE`` environment, else 0 and 1.
+        Shard ``i`` of the epoch's order goes to rank ``i % world_size``.  Ranks may
+        get a different number of samples when shards differ in size or do not
+        divide evenly.
     storage_options, timeout, retries, backoff:
         For remote shards, as in :class:`~asyncfeed._fsspec_source.FsspecSource`.
     block_size, readahead:
@@ -237,13 +262,14 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
             raise ValueError(f"on_shard_error must be 'raise' or 'skip', got {on_shard_error!r}")
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
-        if world_size is not None and not 0 <= rank < world_size:  # type: ignore[operator]
-            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        if world_size is not None:
+            _check_rank(rank, world_size)  # type: ignore[arg-type]
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.shuffle_shards = shuffle_shards
         self.decode = decode
         self.rank, self.world_size = rank, world_size
+        self._loader_rank: tuple[int, int] | None = None  # from set_rank
         self.block_size, self.readahead = block_size, readahead
         self.on_shard_error = on_shard_error
         self.epoch = 0
@@ -260,6 +286,21 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         """Use ``epoch`` for the next pass's shard order and shuffle (like DistributedSampler)."""
         self.epoch = int(epoch)
 
+    @property
+    def use_iter_raw(self) -> bool:
+        """Whether ``AsyncLoader`` may pull ``iter_raw()`` and call ``decode`` itself: not
+        in a subclass whose ``__iter__`` is its own (set ``use_iter_raw = True`` there
+        when it still yields ``map(decode, iter_raw())``)."""
+        return type(self).__iter__ is WebDatasetShards.__iter__
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Read rank ``rank``'s share of the shards out of ``world_size`` from the next pass on.
+
+        ``AsyncLoader`` calls this with its ``rank``/``world_size`` before each pass.
+        A ``rank``/``world_size`` given to the constructor takes precedence.
+        """
+        self._loader_rank = _check_rank(rank, world_size)
+
     # -- which shards ---------------------------------------------------------------------
     def shards_for(self, rank: int = 0, world_size: int = 1, worker: int = 0,
                    num_workers: int = 1, epoch: int | None = None) -> list[str]:
@@ -270,7 +311,12 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         return order[rank::world_size][worker::num_workers]
 
     def _placement(self) -> tuple[int, int, int, int]:
-        rank, world = (self.rank, self.world_size) if self.world_size is not None else _default_rank()
+        if self.world_size is not None:
+            rank, world = self.rank, self.world_size
+        elif self._loader_rank is not None:
+            rank, world = self._loader_rank
+        else:
+            rank, world = _default_rank()
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return rank, world, worker, workers  # type: ignore[return-value]
@@ -324,6 +370,8 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
                 logger.warning("skipping the rest of shard %s: %s: %s", url, type(e).__name__, e)
 
     def __iter__(self) -> Iterator[Any]:
+        # keep this map(decode, iter_raw()): AsyncLoader pulls iter_raw() and calls
+        # decode itself (asyncfeed._iterable.split_decode)
         if self.decode is None:
             return self.iter_raw()
         return map(self.decode, self.iter_raw())
