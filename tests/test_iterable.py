@@ -336,8 +336,6 @@ def test_pipeline_calls_set_rank_before_iter():
                          ranks=(0, 2))
 
 
-@pytest.mark.xfail(strict=True, reason="needs _loader.py to pass ranks=(self.rank, "
-                   "self.world_size) to IterablePipeline; remove this marker with that change")
 def test_loader_hands_its_rank_to_the_dataset():
     ds = RankedStream(10)
     with AsyncLoader(ds, batch_size=None, rank=1, world_size=3) as al:

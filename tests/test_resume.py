@@ -120,6 +120,42 @@ def test_foreign_state_is_refused():
         AsyncLoader(Ids(97), batch_size=8).load_state_dict({"epoch": 1})
 
 
+@pytest.mark.parametrize("change, word", [(dict(seed=2), "seed"),
+                                          (dict(shuffle=False), "shuffle"),
+                                          (dict(drop_last=True), "drop_last")])
+def test_state_of_another_order_is_refused(change, word):
+    """A state continues its own order: another seed, shuffle or drop_last is refused."""
+    loader = make(dict(shuffle=True, seed=1))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.close()
+    other = AsyncLoader(Ids(97), batch_size=8, **{**dict(shuffle=True, seed=1), **change})
+    with pytest.raises(StateError, match=word):
+        other.load_state_dict(state)
+    other.close()
+
+
+def test_a_ranks_own_progress_is_refused_on_another_rank():
+    """A state holding out-of-order progress belongs to its rank; in-step states do not."""
+    kw = dict(batch_size=4, shuffle=True, seed=3, world_size=2)
+    with AsyncLoader(Ids(40), rank=1, in_order=False, **kw) as a:
+        it = iter(a)
+        for _ in range(3):
+            next(it)
+        state = a.state_dict()
+    state = {**state, "taken_extra": state["taken_extra"] or [state["batches_taken"] + 1]}
+    with AsyncLoader(Ids(40), rank=0, **kw) as b, pytest.raises(StateError, match="rank 1"):
+        b.load_state_dict(state)
+    with AsyncLoader(Ids(40), rank=1, **kw) as a:
+        it = iter(a)
+        next(it)
+        in_step = a.state_dict()
+    with AsyncLoader(Ids(40), rank=0, **kw) as b:
+        b.load_state_dict(in_step)        # same world size, in step: any rank's state will do
+        assert len(list(b)) == len(b) - 1
+
+
 def test_resume_across_set_epoch():
     def run_two_epochs(stop_epoch, stop):
         loader = make(dict(shuffle=True, seed=4))

@@ -229,11 +229,6 @@ def test_elastic_resume_once_covers_the_rest_exactly():
     assert sorted(seen + left) == list(range(50))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a state taken after an elastic resume records batches_taken relative to the "
-    "resharded rest, but resuming it with the same world size replays the full "
-    "epoch plan (IndexPlan.start) and skips that many batches from its start; "
-    "only the elastic branch of _start_plan uses 'offset'"))
 def test_resume_after_an_elastic_resume_with_the_same_world_size():
     seen, states = take(50, 3, 2)                 # 3 ranks: 24 seen
     more, states2 = take(50, 2, 1, states)        # resumed on 2 ranks: 8 more
@@ -242,12 +237,6 @@ def test_resume_after_an_elastic_resume_with_the_same_world_size():
     assert sorted(seen + more + left) == list(range(50))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "with on_error='skip', a rank whose batch had a failed sample takes extra plan "
-    "batches to fill its own batches and keeps the surplus as 'carry': ranks' "
-    "offsets then differ, and an elastic resume from one state replays that "
-    "state's carry on every new rank and skips samples other ranks never saw, "
-    "without raising StateError"))
 def test_elastic_resume_after_a_skipped_sample_is_refused_or_exact():
     n = 40
     bad = (distributed_indices(n, 0, 3, True, 0, 2, False)[1],)   # in rank 0's 1st batch
@@ -261,10 +250,6 @@ def test_elastic_resume_after_a_skipped_sample_is_refused_or_exact():
     assert sum(v - 1 for v in c.values()) <= 2    # at most the new ranks' padding
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "AsyncLoader drops seed= when a generator is also given (warning: 'the generator "
-    "is used'), but the sharded plan never uses a generator: with world_size > 1 "
-    "the order is then seed 0's, neither the user's seed nor their generator"))
 def test_sharded_shuffle_keeps_the_seed_when_a_generator_is_also_given():
     with pytest.warns(UserWarning):
         ld = AsyncLoader(Ids(20), batch_size=4, shuffle=True, seed=5, rank=0, world_size=2,
@@ -274,10 +259,6 @@ def test_sharded_shuffle_keeps_the_seed_when_a_generator_is_also_given():
     assert got == distributed_indices(20, 0, 5, True, 0, 2, False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "resolve_ranks: with world_size given and rank not, rank is 0 on every process "
-    "instead of coming from torch.distributed or RANK (the docstring's 'given, else "
-    "torch.distributed's, else RANK/WORLD_SIZE')"))
 def test_rank_defaults_from_the_environment_when_only_world_size_is_given(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -31,17 +31,24 @@ STATE_VERSION = 1
 
 
 def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """(rank, world_size): given, else torch.distributed's, else RANK/WORLD_SIZE, else (0, 1)."""
+    """(rank, world_size): each given, else torch.distributed's, else RANK/WORLD_SIZE,
+    else (0, 1).  A world size given without a rank takes the rank from the same
+    sources; one of several ranks with no rank anywhere is an error."""
+    import torch.distributed as dist
+    initialised = dist.is_available() and dist.is_initialized()
     if world_size is None:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            world_size = dist.get_world_size()
-            rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if initialised else \
+            int(os.environ.get("WORLD_SIZE", "1"))
+    if rank is None:
+        if initialised:
+            rank = dist.get_rank()
+        elif "RANK" in os.environ:
+            rank = int(os.environ["RANK"])
+        elif isinstance(world_size, int) and world_size > 1:
+            raise ValueError(f"world_size={world_size} needs a rank: pass rank=, initialise "
+                             "torch.distributed, or set RANK")
         else:
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
-            if rank is None:
-                rank = int(os.environ.get("RANK", "0"))
-    rank = 0 if rank is None else rank
+            rank = 0
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -133,10 +140,16 @@ class AsyncLoader:
             raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
         if seed is not None and not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self.rank, self.world_size = resolve_ranks(rank, world_size)
         if seed is not None and generator is not None:
-            warnings.warn("both seed and generator given: the generator is used, the seed "
-                          "ignored", stacklevel=2)
-            seed = None
+            if self.world_size > 1:
+                # the sharded plan shuffles as DistributedSampler does: by seed, not generator
+                warnings.warn("both seed and generator given with world_size > 1: shards are "
+                              "shuffled by the seed, the generator is ignored", stacklevel=2)
+            else:
+                warnings.warn("both seed and generator given: the generator is used, the "
+                              "seed ignored", stacklevel=2)
+                seed = None
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -151,7 +164,6 @@ class AsyncLoader:
         self.device = resolve_device(device)
         self.pin_memory = resolve_pin(pin_memory, self.device)
         self._iterable = is_iterable_dataset(dataset)
-        self.rank, self.world_size = resolve_ranks(rank, world_size)
         self._plan = IndexPlan(dataset, batch_size, bool(shuffle), sampler, batch_sampler,
                                drop_last, generator, seed, self.rank, self.world_size)
         self._resume: dict[str, Any] | None = None
@@ -270,7 +282,8 @@ class AsyncLoader:
             return IterablePipeline(dataset=self.dataset, batch_size=self.batch_size,
                                     drop_last=self.drop_last, collate=self._collate,
                                     runtime=runtime, prefetch=self.prefetch, copy=self._copy,
-                                    pin_host=self.pin_memory, skip=self.on_error == "skip"), None
+                                    pin_host=self.pin_memory, skip=self.on_error == "skip",
+                                    ranks=(self.rank, self.world_size)), None
         plan, replay, position = self._start_plan()
         return Pipeline(dataset=self.dataset, plan=plan,
                         auto_collation=self._plan.auto_collation, collate=self._collate,
@@ -286,27 +299,28 @@ class AsyncLoader:
         resume, self._resume = self._resume, None
         if resume is None:
             plan, replay = self._plan.start(self._epoch)
-            return plan, replay, {"base": 0, "offset": 0, "extra": [], "carry": []}
+            return plan, replay, {"base": 0, "offset": 0, "extra": [], "carry": [],
+                                  "resharded_from": None}
         taken = int(resume["batches_taken"])
         carry = list(resume.get("carry", []))
+        offset = int(resume.get("offset", 0))
         if resume["world_size"] != self.world_size:
-            if self._plan.user_sampler is not None or self._plan.user_batch_sampler is not None:
-                raise StateError("resuming with another world size needs the loader's own "
-                                 "sharding (no custom sampler)")
-            if resume.get("taken_extra"):
-                raise StateError("an elastic resume (another world size) needs a state "
-                                 "taken with in_order=True")
-            offset = int(resume["offset"])
+            # the rest of the epoch, from the first global position not consumed
             return (self._plan.resharded(self._epoch, offset), {},
-                    {"base": 0, "offset": offset, "extra": [], "carry": carry})
-        plan, replay = self._plan.start(self._epoch, resume.get("replay"))
+                    {"base": 0, "offset": offset, "extra": [], "carry": carry,
+                     "resharded_from": offset})
+        origin = resume.get("resharded_from")
+        if origin is not None:  # the pass was itself an elastic resume: replay its plan
+            plan, replay = self._plan.resharded(self._epoch, int(origin)), {}
+        else:
+            plan, replay = self._plan.start(self._epoch, resume.get("replay"))
         for _ in range(taken):
             next(plan, None)
         extra = set(resume.get("taken_extra", []))
         if extra:
             plan = _blank_taken(plan, taken, extra)
-        return plan, replay, {"base": taken, "offset": int(resume.get("offset", 0)),
-                              "extra": sorted(extra), "carry": carry}
+        return plan, replay, {"base": taken, "offset": offset, "extra": sorted(extra),
+                              "carry": carry, "resharded_from": origin}
 
     # -------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -324,14 +338,14 @@ class AsyncLoader:
                 "dataset_len": self._dataset_len(), "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "shuffle": self._plan.shuffle,
                 "seed": self.seed, "world_size": self.world_size, "rank": self.rank,
-                "epoch": self._epoch}
+                "on_error": self.on_error, "epoch": self._epoch}
         if it is None or it._done:
             replay = {}
             if self.generator is not None:
                 from ._plan import _gen_state_to_str
                 replay = {"generator_state": _gen_state_to_str(self.generator)}
             return {**base, "in_pass": False, "batches_taken": 0, "taken_extra": [],
-                    "offset": 0, "carry": [], "replay": replay}
+                    "offset": 0, "carry": [], "replay": replay, "resharded_from": None}
         return {**base, **it._position()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -354,6 +368,7 @@ class AsyncLoader:
                              f"this loader has batch_size={self.batch_size}")
         if self._iterable:
             raise StateError("resuming an IterableDataset mid-stream is not supported")
+        self._check_plan_matches(state)
         self._close_current("a state was loaded")
         self._epoch = int(state["epoch"])
         self.set_epoch(self._epoch)
@@ -365,6 +380,36 @@ class AsyncLoader:
             self._resume = None
             return
         self._resume = dict(state)
+
+    def _check_plan_matches(self, state: dict[str, Any]) -> None:
+        """Raise StateError unless this loader can continue the plan ``state`` was in."""
+        for key, mine in (("shuffle", self._plan.shuffle), ("drop_last", self.drop_last),
+                          ("seed", self.seed)):
+            if key in state and state[key] != mine:
+                raise StateError(f"the state was taken with {key}={state[key]!r}; this "
+                                 f"loader has {key}={mine!r}, so it would continue another "
+                                 "order")
+        if state.get("world_size") == self.world_size:
+            # ranks in step share one position; what is held back or taken out of
+            # order is the rank's own
+            if state.get("rank", self.rank) != self.rank and (state.get("carry")
+                                                            or state.get("taken_extra")):
+                raise StateError(f"the state is rank {state.get('rank')}'s and holds that "
+                                 f"rank's own progress; this loader is rank {self.rank} of "
+                                 f"{self.world_size} (load each rank's own state)")
+            return
+        if not state.get("in_pass"):
+            return  # between passes: the next epoch starts from scratch on any world size
+        if self._plan.user_sampler is not None or self._plan.user_batch_sampler is not None:
+            raise StateError("resuming with another world size needs the loader's own "
+                             "sharding (no custom sampler)")
+        if state.get("taken_extra"):
+            raise StateError("an elastic resume (another world size) needs a state "
+                             "taken with in_order=True")
+        if state.get("on_error") == "skip":
+            raise StateError("an elastic resume (another world size) needs a state taken "
+                             "with on_error='raise': with skipping, ranks consume different "
+                             "numbers of samples, so no one state says where the epoch stands")
 
     def _dataset_len(self) -> int | None:
         try:
@@ -467,6 +512,7 @@ class _Iterator:
         self._replay: dict[str, Any] = {}
         self._base = 0                       # plan batches consumed before this pass
         self._offset0 = 0                    # sharded: global positions consumed before
+        self._resharded_from: int | None = None  # an elastic resume's plan origin
         self._taken_ids: set[int] = set()    # plan batches taken in this pass (ids from 0)
         self._taken_samples = 0              # planned samples of the taken batches
         self._progress = {"replay": {}, "base": 0, "taken": self._taken_ids,
@@ -478,6 +524,7 @@ class _Iterator:
         self._replay = replay
         self._base = pos["base"]
         self._offset0 = pos["offset"]
+        self._resharded_from = pos["resharded_from"]
         self._taken_ids.update(k - self._base for k in pos["extra"])
         self._progress.update(replay=replay, base=self._base)
         if pos["carry"]:
@@ -502,7 +549,8 @@ class _Iterator:
         ws = self._loader.world_size
         return {"in_pass": True, "batches_taken": self._base + prefix, "taken_extra": extra,
                 "offset": self._offset0 + self._taken_samples * ws,
-                "carry": [idx for idx, _ in self._carry], "replay": dict(self._replay)}
+                "carry": [idx for idx, _ in self._carry], "replay": dict(self._replay),
+                "resharded_from": self._resharded_from}
 
     def _start(self) -> None:
         self._p.top_up()
