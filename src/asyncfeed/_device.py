@@ -9,7 +9,9 @@ the copy stream while the consumer's kernels may still read it.
 
 from __future__ import annotations
 
+import collections
 import collections.abc
+import threading
 import warnings
 from typing import Any
 
@@ -76,11 +78,24 @@ def pin(obj: Any) -> Any:
 
 
 class CopyStream:
-    """Host-to-device copies on a stream of their own, one event per batch."""
+    """Host-to-device copies on a stream of their own, one event per batch.
 
-    def __init__(self, device: torch.device) -> None:
+    ``to_device`` may be called from several threads at once; each call's copies
+    and its event are enqueued together (under a lock), so a batch's event
+    follows its own copies directly.  With ``timing=True`` a start event is
+    recorded before each batch's copies too, and ``timings`` keeps the last
+    ``timing_keep`` ``(start, end, nbytes)`` triples (read them after a
+    synchronize: ``start.elapsed_time(end)`` is that batch's copy time in ms).
+    """
+
+    def __init__(self, device: torch.device, *, timing: bool = False,
+                 timing_keep: int = 100_000) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        self.timing = timing
+        self.timings: collections.deque[tuple[Any, Any, int]] = \
+            collections.deque(maxlen=timing_keep)
+        self._lock = threading.Lock()
 
     def to_device(self, host_batch: Any) -> tuple[Any, torch.cuda.Event]:
         """Enqueue the copy of every tensor of ``host_batch``; returns GPU batch and event.
@@ -88,11 +103,33 @@ class CopyStream:
         Returns at once (copies from pinned memory are asynchronous).  The host
         memory must not be rewritten until the event has completed.
         """
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            out = map_tensors(host_batch,
-                              lambda t: t.to(self.device, non_blocking=True))
+        with self._lock, torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            if self.timing:
+                return self._to_device_timed(host_batch)
+            out = map_tensors(host_batch, lambda t: t.to(self.device, non_blocking=True))
             event = torch.cuda.Event()
             event.record(self.stream)
+        return out, event
+
+    def _to_device_timed(self, host_batch: Any) -> tuple[Any, torch.cuda.Event]:
+        """``to_device`` with the copies bracketed by timing events.  The device
+        memory is allocated before the start event, so the bracket holds the
+        copies themselves, not the allocator's host-side work."""
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def alloc(t: torch.Tensor) -> torch.Tensor:
+            dst = torch.empty_like(t, device=self.device)
+            pairs.append((t, dst))
+            return dst
+
+        out = map_tensors(host_batch, alloc)
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(self.stream)
+        for src, dst in pairs:
+            dst.copy_(src, non_blocking=True)
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self.stream)
+        self.timings.append((start, event, sum(src.nbytes for src, _ in pairs)))
         return out, event
 
     def hand_over(self, gpu_batch: Any, event: torch.cuda.Event) -> None:
