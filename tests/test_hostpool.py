@@ -116,3 +116,16 @@ def test_held_batches_views_and_arrays_are_never_overwritten(num_threads):
             assert torch.equal(x, ref["img"][1])
         else:
             assert np.array_equal(x, ref["f32"].numpy())
+
+
+def test_pinned_host_batches_are_not_reused():
+    """A user's own non_blocking copy may still read a dropped pinned batch: the loader
+    leaves pinned buffers to torch's caching host allocator instead of reusing them."""
+    with AsyncLoader(TupleFixed(n=64), batch_size=8, pin_memory=True) as al:
+        pinned = al.pin_memory and al.device is None
+        for _ in al:
+            pass
+        if pinned:
+            assert al._host_pool.capacity == 0 and al._host_pool.reused == 0
+        else:  # no CUDA here: pin_memory resolves to False and buffers are reused
+            assert al._host_pool.reused > 0

@@ -254,3 +254,21 @@ def test_elastic_resume_covers_the_rest_exactly_once(n, bs, old, new, stop):
     dups = sum(v - 1 for v in c.values()) + len(set(c) & set(seen))
     assert dups < max(old, new) + 1
     assert len(lengths) <= 1
+
+
+def test_sharded_default_seed_is_seed_zero_and_skip_states_stay_with_their_rank():
+    kw = dict(batch_size=4, shuffle=True, world_size=2)
+    with AsyncLoader(Ids(40), seed=0, rank=0, **kw) as a:
+        it = iter(a)
+        next(it)
+        state = a.state_dict()
+    with AsyncLoader(Ids(40), rank=0, **kw) as b:   # seed=None shards with seed 0 too
+        b.load_state_dict(state)
+        assert len(list(b)) == len(b) - 1
+    with AsyncLoader(Ids(40), seed=0, rank=1, on_error="skip", **kw) as a:
+        it = iter(a)
+        next(it)
+        state = a.state_dict()
+    with AsyncLoader(Ids(40), seed=0, rank=0, on_error="skip", **kw) as b, \
+            pytest.raises(StateError, match="rank 1"):
+        b.load_state_dict(state)

@@ -3,8 +3,8 @@ parity, equal batch counts, and mid-epoch resume in new processes (same and othe
 world size).  The ranks run ``tests/torchrun_worker.py`` and write JSON; the checks
 against ``DistributedSampler`` are made here.
 
-Further down, in-process checks of elastic resume that the code does not pass yet
-(``xfail(strict=True)``: they start failing the day the code is fixed).
+Further down, in-process checks of the corner cases of elastic resume and rank
+resolution (each was a bug once).
 """
 
 from __future__ import annotations

@@ -139,22 +139,39 @@ class Layout:
         """The row of the primary array leaf, for a dataset's ``decode_into``."""
         return None if self.primary is None else bufs[self.primary][row]
 
-    def write_row(self, bufs: list[Any], row: int, sample: Any) -> None:
-        """Copy ``sample`` into row ``row``; leaves already in place are not copied."""
+    def numpy_views(self, bufs: list[Any]) -> list[Any]:
+        """NumPy views of the host buffers NumPy can address (None for the others), for
+        ``write_row``: decode threads write through NumPy, which is cheaper there."""
+        out: list[Any] = []
+        for s, buf in zip(self.specs, bufs):
+            if s.kind != "list" and s.dtype in _NUMPY_DTYPES and buf.device.type == "cpu":
+                out.append(buf.numpy())
+            else:
+                out.append(None)
+        return out
+
+    def write_row(self, bufs: list[Any], row: int, sample: Any,
+                  views: list[Any] | None = None) -> None:
+        """Copy ``sample`` into row ``row``; leaves already in place are not copied.
+
+        ``views`` (from ``numpy_views(bufs)``) saves making them per row.
+        """
         leaves = self.flatten(sample)
-        for j, (s, x, buf) in enumerate(zip(self.specs, leaves, bufs)):
+        for j, s in enumerate(self.specs):
+            x, buf = leaves[j], bufs[j]
             if s.kind == "list":
                 if type(x) is not str and type(x) is not bytes:
                     raise LayoutMismatch(f"leaf {j}: expected str or bytes, got {type(x).__name__}")
                 buf[row] = x
                 continue
+            v = views[j] if views is not None else None
             if s.kind == "scalar":
                 if type(x) not in _PY_SCALARS or _PY_SCALARS[type(x)] != s.dtype:
                     raise LayoutMismatch(
                         f"leaf {j}: expected a Python {s.dtype}, got {type(x).__name__}")
-                buf.numpy()[row] = x  # torch's __setitem__ costs ~50 us in a thread
+                # torch's __setitem__ costs several times more, in a thread
+                (v if v is not None else buf.numpy())[row] = x
                 continue
-            dst = buf[row]
             if isinstance(x, np.ndarray):
                 if x.dtype.kind not in "biuf" or not x.dtype.isnative:
                     raise LayoutMismatch(f"leaf {j}: unsupported array dtype {x.dtype}")
@@ -165,13 +182,15 @@ class Layout:
                 raise LayoutMismatch(
                     f"leaf {j}: shape {tuple(x.shape)} {x.dtype} differs from the batch's "
                     f"{s.shape} {s.dtype} (default_collate cannot stack these either)")
-            if x.data_ptr() == dst.data_ptr() and x.stride() == dst.stride():
+            stride = buf.stride()
+            if x.data_ptr() == buf.data_ptr() + row * stride[0] * buf.element_size() \
+                    and x.stride() == stride[1:]:
                 continue  # decode_into already wrote it
-            if s.dtype in _NUMPY_DTYPES and x.device.type == "cpu" and not x.requires_grad \
+            if v is not None and x.device.type == "cpu" and not x.requires_grad \
                     and not x.is_conj() and not x.is_neg():
-                np.copyto(dst.numpy(), x.numpy())
+                np.copyto(v[row, ...], x.numpy())  # [row, ...]: a view even for 0-d leaves
             else:
-                dst.copy_(x)
+                buf[row].copy_(x)
 
     def unflatten(self, leaves: list[Any]) -> Any:
         """A sample of the skeleton's structure with ``leaves`` in it."""

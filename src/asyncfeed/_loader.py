@@ -181,8 +181,11 @@ class AsyncLoader:
         self._ring_lock = threading.Lock()
         # host batches (no CUDA ring): the prefetched ones, the one the user holds,
         # and one being released
-        self._host_pool = HostBufferPool(self.prefetch + 2,
-                                         pin=self.pin_memory and self.device is None)
+        # Pinned host batches are not reused: a user's own .to("cuda", non_blocking=True)
+        # may still be reading one after dropping it.  torch's pinned allocator caches
+        # them and knows about such copies.
+        pinned = self.pin_memory and self.device is None
+        self._host_pool = HostBufferPool(0 if pinned else self.prefetch + 2, pin=pinned)
         self._copy: CopyStream | None = None
         self._epoch = 0
         self._stats = LoaderStats()
@@ -197,7 +200,7 @@ class AsyncLoader:
         want = 2 * self.num_threads
         if self._use_fetch:
             want = max(want, self.io_concurrency)
-        return max(4, min(64, math.ceil(want / per_batch) + 1))
+        return max(2, min(64, math.ceil(want / per_batch) + 1))
 
     @property
     def sampler(self) -> Any:
@@ -383,17 +386,22 @@ class AsyncLoader:
 
     def _check_plan_matches(self, state: dict[str, Any]) -> None:
         """Raise StateError unless this loader can continue the plan ``state`` was in."""
+        sharded = self._plan.sharded
         for key, mine in (("shuffle", self._plan.shuffle), ("drop_last", self.drop_last),
                           ("seed", self.seed)):
-            if key in state and state[key] != mine:
+            theirs = state.get(key, mine)
+            if key == "seed" and sharded:  # a sharded plan shuffles with seed 0 by default
+                theirs, mine = theirs or 0, mine or 0
+            if theirs != mine:
                 raise StateError(f"the state was taken with {key}={state[key]!r}; this "
                                  f"loader has {key}={mine!r}, so it would continue another "
                                  "order")
         if state.get("world_size") == self.world_size:
             # ranks in step share one position; what is held back or taken out of
             # order is the rank's own
-            if state.get("rank", self.rank) != self.rank and (state.get("carry")
-                                                            or state.get("taken_extra")):
+            if state.get("rank", self.rank) != self.rank and (
+                    state.get("carry") or state.get("taken_extra")
+                    or state.get("on_error") == "skip"):
                 raise StateError(f"the state is rank {state.get('rank')}'s and holds that "
                                  f"rank's own progress; this loader is rank {self.rank} of "
                                  f"{self.world_size} (load each rank's own state)")

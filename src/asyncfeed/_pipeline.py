@@ -1,17 +1,19 @@
 """One pass over a map-style dataset: planned batches in, finished batches out.
 
 The consumer's thread pulls the index plan and submits whole batches while it
-holds fewer than ``prefetch`` of them.  Each sample is loaded either entirely in
-a decode thread (``__getitem__``, or ``read`` + ``decode``), or fetched on the
-event loop (``async fetch``, ``io_concurrency`` at once) and then decoded in a
-decode thread.  Decoded samples go straight into their row of the batch's
-buffers (the ring path) or into a list that is collated when the batch is
-complete.  The thread that completes a batch assembles it, starts its copy to
-the device and marks it ready; errors are stored with the batch, never raised
-in a worker, and reach the consumer at that batch.
+holds fewer than ``prefetch`` of them (one, until the first sample has shown
+the samples' layout).  Each sample is loaded either entirely in a decode thread
+(``__getitem__``, or ``read`` + ``decode``; a few rows per pool task), or
+fetched on the event loop (``async fetch``, ``io_concurrency`` at once) and then
+decoded in a decode thread.  Decoded samples go straight into their row of the
+batch's buffers (the ring path) or into a list that is collated when the batch
+is complete.  The thread that completes a batch assembles it, starts its copy
+to the device and marks it ready; errors are stored with the batch, never
+raised in a worker, and reach the consumer at that batch.
 
-Nothing here holds a reference to the loader or to the user's iterator, so
-dropping the iterator closes the pipeline (see ``_loader``).
+The pipeline holds two of the loader's bound methods (its slot ring and host
+buffer pool) but not the user's iterator, so dropping the iterator still closes
+the pipeline (see ``_loader``).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class Batch:
 
     __slots__ = ("k", "indices", "n", "mode", "bufs", "slot", "samples", "remaining",
                  "done", "failures", "error", "output", "event", "good_samples_host",
-                 "mismatch", "layout")
+                 "mismatch", "layout", "views")
 
     def __init__(self, k: int, indices: list[Any], mode: str) -> None:
         self.k = k
@@ -76,6 +78,7 @@ class Batch:
         self.good_samples_host: list[tuple[Any, Any]] = []
         self.mismatch = False
         self.layout: Layout | None = None
+        self.views: list[Any] | None = None   # NumPy views of bufs, for write_row
 
     def pending(self) -> list[Any]:
         return [i for r, i in enumerate(self.indices) if not self.done[r]]
@@ -169,6 +172,7 @@ class Pipeline:
                 b.bufs = self.host_bufs(b.layout, b.n)
             else:
                 b.bufs = b.layout.allocate(b.n, pin=self.pin_host)
+            b.views = b.layout.numpy_views(b.bufs)
         self.sizes.append(b.n)
         self.submitted += 1
         with self.cond:
@@ -181,8 +185,11 @@ class Pipeline:
             if not self.runtime.call_in_loop(self._enqueue_fetches, b):
                 self._abandon(b)
         else:
-            for row, idx in enumerate(b.indices):
-                if self.runtime.submit(self._run_sample, b, row, idx, _NO_RAW) is None:
+            # a few rows per task: a pool task costs ~20 us of Python, the threads
+            # still share every batch evenly
+            step = max(1, b.n // (4 * self.runtime.num_threads))
+            for lo in range(0, b.n, step):
+                if self.runtime.submit(self._run_rows, b, lo, min(lo + step, b.n)) is None:
                     self._abandon(b)
                     return
 
@@ -297,7 +304,7 @@ class Pipeline:
             if b.mode == "ring":
                 b.samples[row] = sample   # kept in case the batch must be collated instead
                 try:
-                    b.layout.write_row(b.bufs, row, sample)
+                    b.layout.write_row(b.bufs, row, sample, b.views)
                 except LayoutMismatch:
                     # shapes vary: collate this batch like DataLoader, and stop using rows
                     b.mismatch = True
@@ -312,6 +319,10 @@ class Pipeline:
             self._failed(b, row, idx, e)
             return
         self._one_done(b, row)
+
+    def _run_rows(self, b: Batch, lo: int, hi: int) -> None:
+        for row in range(lo, hi):
+            self._run_sample(b, row, b.indices[row], _NO_RAW)
 
     def _failed(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
         with self.cond:
@@ -346,6 +357,7 @@ class Pipeline:
                 if b.mode == "ring" and not b.mismatch:
                     host = b.layout.assemble(b.bufs, b.n)
                     b.samples = [None] * b.n  # rows hold the data now
+                    b.views = None
                 else:
                     host = self._collate_late(b)
                 b.output, b.event = self.to_target(host)
@@ -361,9 +373,10 @@ class Pipeline:
         if b.mode == "collate" and self.ring_ok and layout is not None \
                 and self.host_bufs is not None:
             bufs = self.host_bufs(layout, b.n)
+            views = layout.numpy_views(bufs)
             try:
                 for row, sample in enumerate(b.samples):
-                    layout.write_row(bufs, row, sample)
+                    layout.write_row(bufs, row, sample, views)
             except LayoutMismatch:
                 pass
             else:

@@ -53,6 +53,7 @@ class Runtime:
                  on_loop_close: Callable[[], Awaitable[None]] | None = None) -> None:
         self._lock = threading.Lock()
         self._closed = False
+        self.num_threads = num_threads
         self.pool = cf.ThreadPoolExecutor(num_threads, thread_name_prefix="asyncfeed-decode")
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
