@@ -168,11 +168,11 @@ class Pipeline:
             if ring is not None:
                 b.slot = ring.acquire()
                 b.bufs = b.slot.bufs
-            elif self.host_bufs is not None:
-                b.bufs = self.host_bufs(b.layout, b.n)
-            else:
-                b.bufs = b.layout.allocate(b.n, pin=self.pin_host)
-            b.views = b.layout.numpy_views(b.bufs)
+            # host buffers are taken when the batch's first row is written (_rows_of):
+            # by then the consumer has usually dropped an older batch, whose buffers
+            # the pool then hands out again, so one set fewer is in use
+            if b.bufs is not None:
+                b.views = b.layout.numpy_views(b.bufs)
         self.sizes.append(b.n)
         self.submitted += 1
         with self.cond:
@@ -286,7 +286,7 @@ class Pipeline:
         ds = self.dataset
         out = None
         if b.mode == "ring" and self.has_decode_into:
-            out = b.layout.row_out(b.bufs, row)
+            out = b.layout.row_out(self._rows_of(b), row)
         if raw is _NO_RAW:
             if not self.has_read:
                 return ds[idx]
@@ -304,7 +304,7 @@ class Pipeline:
             if b.mode == "ring":
                 b.samples[row] = sample   # kept in case the batch must be collated instead
                 try:
-                    b.layout.write_row(b.bufs, row, sample, b.views)
+                    b.layout.write_row(self._rows_of(b), row, sample, b.views)
                 except LayoutMismatch:
                     # shapes vary: collate this batch like DataLoader, and stop using rows
                     b.mismatch = True
@@ -319,6 +319,17 @@ class Pipeline:
             self._failed(b, row, idx, e)
             return
         self._one_done(b, row)
+
+    def _rows_of(self, b: Batch) -> list[Any]:
+        """The batch's buffers, taken from the host pool on first use (any thread)."""
+        if b.bufs is None:
+            with self.cond:
+                if b.bufs is None:
+                    bufs = (self.host_bufs(b.layout, b.n) if self.host_bufs is not None
+                            else b.layout.allocate(b.n, pin=self.pin_host))
+                    b.views = b.layout.numpy_views(bufs)
+                    b.bufs = bufs
+        return b.bufs
 
     def _run_rows(self, b: Batch, lo: int, hi: int) -> None:
         for row in range(lo, hi):
