@@ -154,9 +154,11 @@ def test_dataloader_attributes():
 
 def test_defaults():
     with AsyncLoader(Squares()) as al:
-        assert al.num_threads == len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
+        if "LOCAL_WORLD_SIZE" not in os.environ:
+            assert al.num_threads == cores + min(2, cores)
         assert al.io_concurrency == 64
-        assert al.prefetch >= 4
+        assert al.prefetch >= 2
         assert al.in_order is True
         assert al.on_error == "raise"
         assert al.device is None and al.pin_memory is False
@@ -315,3 +317,17 @@ def test_get_worker_info_is_none_as_with_num_workers_0():
 
     with AsyncLoader(Info(), batch_size=3, num_threads=2) as al:
         assert [b.tolist() for b in al] == [[True] * 3] * 2
+
+
+def test_default_threads_share_the_cores_among_local_ranks(monkeypatch):
+    from asyncfeed._loader import available_cores, default_threads
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cores = available_cores()
+    assert default_threads() == cores + min(2, cores)
+    with AsyncLoader(Squares()) as al:
+        assert al.num_threads == default_threads()
+    if cores == (os.cpu_count() or cores):   # affinity does not already split the node
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
+        assert default_threads() == 2       # one core each, plus one spare
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "not-a-number")
+        assert default_threads() == cores + min(2, cores)

@@ -272,3 +272,31 @@ def test_sharded_default_seed_is_seed_zero_and_skip_states_stay_with_their_rank(
     with AsyncLoader(Ids(40), seed=0, rank=0, on_error="skip", **kw) as b, \
             pytest.raises(StateError, match="rank 1"):
         b.load_state_dict(state)
+
+
+def test_iterable_dataset_states_between_passes_restore_the_epoch():
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __init__(self):
+            self.epoch = 0
+
+        def set_epoch(self, e):
+            self.epoch = e
+
+        def __iter__(self):
+            return iter(range(self.epoch, self.epoch + 5))
+
+    with AsyncLoader(Stream(), batch_size=2) as a:
+        a.set_epoch(3)
+        state = a.state_dict()
+        it = iter(a)
+        next(it)
+        mid = a.state_dict()
+    ds = Stream()
+    with AsyncLoader(ds, batch_size=2) as b:
+        b.load_state_dict(state)
+        assert b.epoch == 3 and ds.epoch == 3
+        assert [x.tolist() for x in b] == [[3, 4], [5, 6], [7]]
+        with pytest.raises(StateError, match="mid-stream"):
+            b.load_state_dict(mid)

@@ -70,6 +70,24 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def default_threads() -> int:
+    """Decode threads by default: this process's share of the cores, plus up to two.
+
+    The share is the cores this process may use divided by ``LOCAL_WORLD_SIZE``
+    (set by torchrun: the ranks on this node), unless the affinity already
+    gives each rank its own cores.  The spare threads keep every core busy when
+    a thread stalls (a page-cache miss, the GIL, a preempted virtual CPU).
+    """
+    cores = available_cores()
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    total = os.cpu_count() or cores
+    share = cores if cores < total else max(1, cores // local)
+    return share + min(2, share)
+
+
 class AsyncLoader:
     """A drop-in for ``torch.utils.data.DataLoader`` that runs in one process.
 
@@ -85,7 +103,8 @@ class AsyncLoader:
     ``pin_memory_device``) are accepted and ignored: there are no worker
     processes.  asyncfeed's own knobs:
 
-    - ``num_threads``: decode threads (default: the cores this process may use).
+    - ``num_threads``: decode threads (default: this process's share of the cores,
+      divided among torchrun's local ranks, plus up to two spare threads).
     - ``io_concurrency``: reads in flight on the event loop (default 64).
     - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
       every thread busy, at least 4).  Bounds memory.
@@ -160,7 +179,7 @@ class AsyncLoader:
         self.on_error: OnError = on_error
         self.seed = seed
         self.io_concurrency = io_concurrency
-        self.num_threads = num_threads or available_cores()
+        self.num_threads = num_threads or default_threads()
         self.device = resolve_device(device)
         self.pin_memory = resolve_pin(pin_memory, self.device)
         self._iterable = is_iterable_dataset(dataset)
@@ -370,7 +389,13 @@ class AsyncLoader:
             raise StateError(f"the state was taken with batch_size={state.get('batch_size')}; "
                              f"this loader has batch_size={self.batch_size}")
         if self._iterable:
-            raise StateError("resuming an IterableDataset mid-stream is not supported")
+            if state.get("in_pass"):
+                raise StateError("resuming an IterableDataset mid-stream is not supported "
+                                 "(a state taken between passes restores its epoch)")
+            self._close_current("a state was loaded")
+            self.set_epoch(int(state["epoch"]))
+            self._resume = None
+            return
         self._check_plan_matches(state)
         self._close_current("a state was loaded")
         self._epoch = int(state["epoch"])
