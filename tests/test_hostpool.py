@@ -71,12 +71,27 @@ def test_loader_reuses_buffers_and_matches_dataloader():
     ds = TupleFixed(n=300)
     want = DataLoader(ds, batch_size=16, shuffle=True, generator=gen())
     with AsyncLoader(ds, batch_size=16, shuffle=True, generator=gen(), num_threads=3) as al:
+        pool = al._host_pool
         for epoch in range(2):
+            allocated = pool.allocated
             for got, ref in zip(al, want, strict=True):
                 assert_same(got, ref)
-        pool = al._host_pool
+            assert pool.allocated - allocated <= pool.capacity + 2, "reuse within a pass"
+            assert pool._kept == [], "a pass's batch memory goes with the pass"
         assert pool.reused > 0, "buffers of dropped batches were never reused"
-        assert pool.allocated <= pool.capacity + 1
+
+
+def test_pool_is_emptied_when_a_pass_is_cut_short():
+    with AsyncLoader(TupleFixed(n=300), batch_size=16, num_threads=2) as al:
+        for k, _ in enumerate(al):
+            if k == 5:
+                break
+        for _ in range(100):          # the dropped iterator's finalizer empties it
+            if not al._host_pool._kept:
+                break
+            import gc
+            gc.collect()
+        assert al._host_pool._kept == []
 
 
 class RingMixed(MixedFixed):

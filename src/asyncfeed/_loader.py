@@ -511,6 +511,7 @@ def _shutdown_and_rewind(pipeline: Pipeline, runtime: Runtime, loader_ref: Any,
     runtime.close(wait=False)
     loader = loader_ref()
     if loader is not None:
+        loader._host_pool.clear()
         _rewind(loader, progress)
 
 
@@ -724,6 +725,8 @@ class _Iterator:
             self._closed_reason = reason
         self._p.stop()
         self._runtime.close(wait=True)
+        # a pass's batch memory goes with it (batches still held keep theirs)
+        self._loader._host_pool.clear()
         if self._finalizer.detach() is not None and not self._done:
             _rewind(self._loader, self._progress)
 

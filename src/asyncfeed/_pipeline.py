@@ -132,11 +132,12 @@ class Pipeline:
     def _ahead(self) -> int:
         """How many batches may be outstanding now.
 
-        One until the first sample has shown whether batches can be written in
-        place: the first batch gets every thread (time to first batch), and the
-        batches after it are written into rows instead of being collated.
+        One until the consumer has taken the pass's first batch: that batch gets
+        every thread (no later batch competes with its last samples for the
+        cores), and by then its samples have shown whether batches can be
+        written in place, so the batches after it are.
         """
-        return self.prefetch if self.layouts.decided or not self.ring_ok else 1
+        return self.prefetch if self.taken > 0 else 1
 
     def _room(self) -> bool:
         return not self.exhausted and self.submitted - self.taken < self._ahead()
@@ -205,25 +206,21 @@ class Pipeline:
         """The batch ``k`` (or, with ``k=None``, the oldest ready one) once ready;
         None when the epoch has no more batches.  Raises LoaderTimeout."""
         deadline = None if not timeout else time.monotonic() + timeout
-        while True:
-            with self.cond:
-                while True:
-                    if k is not None:
-                        if k in self.ready:
-                            return self.ready.pop(k)
-                    elif self.ready:
-                        return self.ready.pop(min(self.ready))
-                    if self.taken >= self.submitted and self.exhausted:
-                        return None
-                    if self.stopping:
-                        raise LoaderClosedError("the loader was closed while waiting for a batch")
-                    if self.ring_ok and self._room():
-                        break  # the layout is known now: submit the rest (outside the lock)
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise LoaderTimeout(self._timeout_message(k, timeout))
-                    self.cond.wait(remaining if remaining is not None else 1.0)
-            self.top_up()
+        with self.cond:
+            while True:
+                if k is not None:
+                    if k in self.ready:
+                        return self.ready.pop(k)
+                elif self.ready:
+                    return self.ready.pop(min(self.ready))
+                if self.taken >= self.submitted and self.exhausted:
+                    return None
+                if self.stopping:
+                    raise LoaderClosedError("the loader was closed while waiting for a batch")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise LoaderTimeout(self._timeout_message(k, timeout))
+                self.cond.wait(remaining if remaining is not None else 1.0)
 
     def _timeout_message(self, k: int | None, timeout: float | None) -> str:
         waiting = [f"batch {b.k} waits for samples {b.pending()[:8]}" for b in self._inflight]
@@ -313,8 +310,6 @@ class Pipeline:
                 b.samples[row] = sample
                 if not self.layouts.decided:
                     self.layouts.offer(sample)
-                    with self.cond:
-                        self.cond.notify_all()  # the consumer may submit more batches now
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._failed(b, row, idx, e)
             return
