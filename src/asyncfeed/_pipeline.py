@@ -135,9 +135,11 @@ class Pipeline:
         One until the consumer has taken the pass's first batch: that batch gets
         every thread (no later batch competes with its last samples for the
         cores), and by then its samples have shown whether batches can be
-        written in place, so the batches after it are.
+        written in place, so the batches after it are.  With reads on the event
+        loop, latency matters more than cores: every batch's reads start at once
+        (those planned before the layout was known are collated into buffers).
         """
-        return self.prefetch if self.taken > 0 else 1
+        return self.prefetch if self.taken > 0 or self.use_fetch else 1
 
     def _room(self) -> bool:
         return not self.exhausted and self.submitted - self.taken < self._ahead()
