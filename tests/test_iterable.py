@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from asyncfeed import AsyncLoader, SampleError
 from asyncfeed._iterable import MAX_CONSECUTIVE_ERRORS, IterablePipeline, split_decode
 from asyncfeed._runtime import Runtime
-from test_errors import chunks, next_or_error
+from test_errors import _drain as drain
+from test_errors import chunks
 from test_parity import assert_same, assert_same_batches
 
 pytestmark = pytest.mark.timeout(60)
@@ -95,14 +96,6 @@ class _RawIter:
                 ds.pulling -= 1
 
 
-def drain(it) -> list:
-    """Every batch or error, DataLoader-style, until StopIteration."""
-    out = []
-    while True:
-        x = next_or_error(it)
-        if isinstance(x, StopIteration):
-            return out
-        out.append(x)
 
 
 def ids_of(batches) -> list[list[int]]:

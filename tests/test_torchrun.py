@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 import torchrun_worker as w
+from test_resume import Ids, ids
 from asyncfeed import AsyncLoader, StateError
 from asyncfeed._plan import distributed_indices
 
@@ -176,21 +177,6 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback(tmp_path):
 # ------------------------------------------------------------------ in process
 
 
-class Ids(Dataset):
-    def __init__(self, n: int, bad: tuple[int, ...] = ()) -> None:
-        self.n, self.bad = n, set(bad)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        if i in self.bad:
-            raise ValueError(f"bad {i}")
-        return torch.full((2,), i), i
-
-
-def ids(batch) -> list[int]:
-    return batch[1].tolist()
 
 
 def sharded(n: int, rank: int, ws: int, bad: tuple[int, ...] = (), **kw) -> AsyncLoader:

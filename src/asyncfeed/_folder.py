@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from ._errors import SampleError

@@ -622,7 +622,7 @@ class _Iterator:
 
     # plain: one planned batch → one delivered batch
     def _next_plain(self) -> Any:
-        loader, p = self._loader, self._p
+        loader = self._loader
         while True:
             b = self._take()
             if b.error is not None:
