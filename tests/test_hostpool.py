@@ -149,3 +149,17 @@ def test_pinned_host_batches_are_not_reused():
             assert al._host_pool.capacity == 0 and al._host_pool.reused == 0
         else:  # no CUDA here: pin_memory resolves to False and buffers are reused
             assert al._host_pool.reused > 0
+
+
+def test_trim_keeps_buffers_in_use_and_the_free_ones_asked_for():
+    layout = layout_of((torch.zeros(2),))
+    pool = HostBufferPool(capacity=4)
+    sets = [pool.take(layout, 3) for _ in range(4)]
+    held = sets[0]
+    del sets
+    pool.trim(1)                      # one in use, three free: keep one of them
+    assert len(pool._kept) == 2
+    pool.trim(0)
+    assert len(pool._kept) == 1
+    assert pool.take(layout, 3)[0].data_ptr() != held[0].data_ptr()
+    del held

@@ -70,6 +70,18 @@ class HostBufferPool:
                 out.append(t.set_(st, 0, (self._rows, *spec.shape)))
         return out
 
+    def trim(self, keep_free: int) -> None:
+        """Forget the free kept buffers beyond ``keep_free`` of them (those in use stay)."""
+        with self._lock:
+            kept: list[list[torch.UntypedStorage | None]] = []
+            for storages in self._kept:
+                if all(st is None or _use_count(st._cdata) == 1 for st in storages):
+                    if keep_free <= 0:
+                        continue
+                    keep_free -= 1
+                kept.append(storages)
+            self._kept = kept
+
     def clear(self) -> None:
         """Forget every kept buffer (their memory goes once nobody else holds it)."""
         with self._lock:

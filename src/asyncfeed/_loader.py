@@ -695,6 +695,10 @@ class _Iterator:
             b.good_samples_host = p.good_samples(b)
         p.release(b)
         p.top_up()
+        if p.exhausted:
+            # nothing left to plan: keep only the free buffers the batches still
+            # waiting for their first row will take
+            loader._host_pool.trim(p.unstarted())
         if loader._layouts.layout is not None and loader._stats.path in ("", "collate"):
             loader._stats.path = "ring" if b.mode == "ring" else loader._stats.path
         if b.mode == "batch":

@@ -240,6 +240,12 @@ class Pipeline:
                 ring.release(b.slot)
             b.slot = None
 
+    def unstarted(self) -> int:
+        """Outstanding batches that have not taken their host buffers yet."""
+        with self.cond:
+            return sum(1 for b in self._tracked.values()
+                       if b.mode == "ring" and b.bufs is None and b.n)
+
     @property
     def _inflight(self) -> list[Batch]:
         return sorted(self._tracked.values(), key=lambda b: b.k)
