@@ -27,6 +27,11 @@ def reuse_supported() -> bool:
     return _use_count is not None
 
 
+def _free(storages: list[torch.UntypedStorage | None]) -> bool:
+    """Whether the pool alone holds a kept buffer set (no tensor uses its memory)."""
+    return all(st is None or _use_count(st._cdata) == 1 for st in storages)
+
+
 class HostBufferPool:
     """Batch buffers for one layout, at most ``capacity`` of them kept for reuse.
 
@@ -50,7 +55,7 @@ class HostBufferPool:
             if layout is not self._layout or rows > self._rows:
                 self._layout, self._rows, self._kept = layout, rows, []
             for storages in self._kept:
-                if all(st is None or _use_count(st._cdata) == 1 for st in storages):
+                if _free(storages):
                     self.reused += 1
                     return self._views(layout, storages)
             bufs = layout.allocate(self._rows, pin=self.pin)
@@ -75,7 +80,7 @@ class HostBufferPool:
         with self._lock:
             kept: list[list[torch.UntypedStorage | None]] = []
             for storages in self._kept:
-                if all(st is None or _use_count(st._cdata) == 1 for st in storages):
+                if _free(storages):
                     if keep_free <= 0:
                         continue
                     keep_free -= 1

@@ -90,7 +90,8 @@ class IterablePipeline(Pipeline):
                          collate=collate, default_collate=False,
                          layouts=LayoutHolder(False), runtime=runtime, prefetch=prefetch,
                          io_concurrency=0, use_fetch=False, copy=copy, pin_host=pin_host,
-                         ring=lambda layout, n: None, batch_size=batch_size)
+                         ring=lambda layout, n: None, batch_size=batch_size,
+                         host_bufs=lambda layout, n: layout.allocate(n, pin=pin_host))
         if ranks is not None:
             set_rank = getattr(dataset, "set_rank", None)
             if callable(set_rank):

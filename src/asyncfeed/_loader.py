@@ -107,7 +107,7 @@ class AsyncLoader:
       divided among torchrun's local ranks, plus up to two spare threads).
     - ``io_concurrency``: reads in flight on the event loop (default 64).
     - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
-      every thread busy, at least 4).  Bounds memory.
+      every thread busy, at least 2).  Bounds memory.
     - ``device``: ``None``/``"cpu"`` for host batches, ``"cuda[:N]"`` to receive
       batches on the GPU, copied on a dedicated stream.
     - ``pin_memory``: default on when ``device`` is CUDA.
@@ -198,11 +198,10 @@ class AsyncLoader:
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
         self._ring: SlotRing | None = None
         self._ring_lock = threading.Lock()
-        # host batches (no CUDA ring): the prefetched ones, the one the user holds,
-        # and one being released
-        # Pinned host batches are not reused: a user's own .to("cuda", non_blocking=True)
-        # may still be reading one after dropping it.  torch's pinned allocator caches
-        # them and knows about such copies.
+        # Host batches (no CUDA ring): room for the prefetched ones, the one the user
+        # holds and one being handed over.  Pinned host batches are not reused: a
+        # user's own .to("cuda", non_blocking=True) may still be reading one after
+        # dropping it; torch's pinned allocator caches them and knows about such copies.
         pinned = self.pin_memory and self.device is None
         self._host_pool = HostBufferPool(0 if pinned else self.prefetch + 2, pin=pinned)
         self._copy: CopyStream | None = None

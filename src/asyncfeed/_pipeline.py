@@ -1,8 +1,8 @@
 """One pass over a map-style dataset: planned batches in, finished batches out.
 
 The consumer's thread pulls the index plan and submits whole batches while it
-holds fewer than ``prefetch`` of them (one, until the first sample has shown
-the samples' layout).  Each sample is loaded either entirely in a decode thread
+holds fewer than ``prefetch`` of them (one, until the consumer has taken the
+first batch, unless reads run on the event loop).  Each sample is loaded either entirely in a decode thread
 (``__getitem__``, or ``read`` + ``decode``; a few rows per pool task), or
 fetched on the event loop (``async fetch``, ``io_concurrency`` at once) and then
 decoded in a decode thread.  Decoded samples go straight into their row of the
@@ -97,7 +97,7 @@ class Pipeline:
                  io_concurrency: int, use_fetch: bool, copy: CopyStream | None,
                  pin_host: bool, ring: Callable[[Layout, int], SlotRing | None],
                  batch_size: int | None,
-                 host_bufs: Callable[[Layout, int], list[Any]] | None = None) -> None:
+                 host_bufs: Callable[[Layout, int], list[Any]]) -> None:
         self.dataset = dataset
         self.plan = plan
         self.auto_collation = auto_collation
@@ -328,8 +328,7 @@ class Pipeline:
         if b.bufs is None:
             with self.cond:
                 if b.bufs is None:
-                    bufs = (self.host_bufs(b.layout, b.n) if self.host_bufs is not None
-                            else b.layout.allocate(b.n, pin=self.pin_host))
+                    bufs = self.host_bufs(b.layout, b.n)
                     b.views = b.layout.numpy_views(bufs)
                     b.bufs = bufs
         return b.bufs
@@ -384,8 +383,7 @@ class Pipeline:
         buffers when the samples fit it (NumPy copies, bit-identical to
         ``default_collate``), else with the collate function."""
         layout = self.layouts.layout
-        if b.mode == "collate" and self.ring_ok and layout is not None \
-                and self.host_bufs is not None:
+        if b.mode == "collate" and self.ring_ok and layout is not None:
             bufs = self.host_bufs(layout, b.n)
             views = layout.numpy_views(bufs)
             try:
