@@ -65,35 +65,8 @@ class Layout:
     def infer(cls, sample: Any) -> Layout | None:
         """The layout of ``sample``, or None when it cannot go through buffers."""
         specs: list[_LeafSpec] = []
-
-        def walk(x: Any) -> Any:
-            t = type(x)
-            if isinstance(x, torch.Tensor):
-                if x.layout != torch.strided or x.is_nested or x.requires_grad \
-                        or x.device.type != "cpu":
-                    raise _NotFixed
-                specs.append(_LeafSpec("tensor", tuple(x.shape), x.dtype))
-            elif isinstance(x, np.ndarray):
-                if x.dtype.kind not in "biuf" or not x.dtype.isnative:
-                    raise _NotFixed
-                specs.append(_LeafSpec("ndarray", x.shape, torch.from_numpy(x[:0].copy()).dtype
-                                       if x.ndim else torch.as_tensor(x).dtype))
-            elif t in _PY_SCALARS:
-                specs.append(_LeafSpec("scalar", (), _PY_SCALARS[t]))
-            elif t is str or t is bytes:
-                specs.append(_LeafSpec("list", (), None))
-            elif _is_namedtuple(x):
-                return t(*(walk(v) for v in x))
-            elif t is tuple or t is list:
-                return t(walk(v) for v in x)
-            elif t is dict:
-                return {k: walk(v) for k, v in x.items()}
-            else:
-                raise _NotFixed
-            return _Leaf(len(specs) - 1)
-
         try:
-            skeleton = walk(sample)
+            skeleton = _skeleton(sample, specs)
         except _NotFixed:
             return None
         if not any(s.kind in ("tensor", "ndarray") for s in specs):
@@ -103,26 +76,7 @@ class Layout:
     def flatten(self, sample: Any) -> list[Any]:
         """The leaves of ``sample`` in skeleton order; raises LayoutMismatch."""
         out: list[Any] = []
-
-        def walk(skel: Any, x: Any) -> None:
-            if isinstance(skel, _Leaf):
-                out.append(x)
-            elif isinstance(skel, Mapping):
-                if not isinstance(x, Mapping) or len(x) != len(skel):
-                    raise LayoutMismatch(f"expected a mapping with keys {list(skel)}")
-                for k, v in skel.items():
-                    if k not in x:
-                        raise LayoutMismatch(f"missing key {k!r}")
-                    walk(v, x[k])
-            else:
-                if type(x) is not type(skel) or len(x) != len(skel):
-                    raise LayoutMismatch(
-                        f"expected a {type(skel).__name__} of {len(skel)} items, got "
-                        f"{type(x).__name__}" + (f" of {len(x)}" if hasattr(x, "__len__") else ""))
-                for s, v in zip(skel, x):
-                    walk(s, v)
-
-        walk(self.skeleton, sample)
+        _leaves(self.skeleton, sample, out)
         return out
 
     def allocate(self, n: int, pin: bool = False) -> list[Any]:
@@ -194,15 +148,7 @@ class Layout:
 
     def unflatten(self, leaves: list[Any]) -> Any:
         """A sample of the skeleton's structure with ``leaves`` in it."""
-        def build(skel: Any) -> Any:
-            if isinstance(skel, _Leaf):
-                return leaves[skel.j]
-            if isinstance(skel, dict):
-                return {k: build(v) for k, v in skel.items()}
-            if _is_namedtuple(skel):
-                return type(skel)(*(build(v) for v in skel))
-            return type(skel)(build(v) for v in skel)
-        return build(self.skeleton)
+        return _build(self.skeleton, leaves)
 
     def row_sample(self, bufs: list[Any], row: int) -> Any:
         """Row ``row`` as a standalone sample (copied out of the buffers)."""
@@ -226,3 +172,67 @@ class Layout:
 
 class _NotFixed(Exception):
     pass
+
+
+# The walks below are module functions, not closures: a recursive closure is a
+# reference cycle (function -> cell -> function) that keeps everything it saw,
+# a decoded row included, alive until the garbage collector runs, and a batch
+# buffer with a live row cannot go back to the host pool.
+
+def _skeleton(x: Any, specs: list[_LeafSpec]) -> Any:
+    """``x`` with each leaf replaced by a ``_Leaf``; appends the leaves' specs."""
+    t = type(x)
+    if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided or x.is_nested or x.requires_grad \
+                or x.device.type != "cpu":
+            raise _NotFixed
+        specs.append(_LeafSpec("tensor", tuple(x.shape), x.dtype))
+    elif isinstance(x, np.ndarray):
+        if x.dtype.kind not in "biuf" or not x.dtype.isnative:
+            raise _NotFixed
+        specs.append(_LeafSpec("ndarray", x.shape, torch.from_numpy(x[:0].copy()).dtype
+                               if x.ndim else torch.as_tensor(x).dtype))
+    elif t in _PY_SCALARS:
+        specs.append(_LeafSpec("scalar", (), _PY_SCALARS[t]))
+    elif t is str or t is bytes:
+        specs.append(_LeafSpec("list", (), None))
+    elif _is_namedtuple(x):
+        return t(*(_skeleton(v, specs) for v in x))
+    elif t is tuple or t is list:
+        return t(_skeleton(v, specs) for v in x)
+    elif t is dict:
+        return {k: _skeleton(v, specs) for k, v in x.items()}
+    else:
+        raise _NotFixed
+    return _Leaf(len(specs) - 1)
+
+
+def _leaves(skel: Any, x: Any, out: list[Any]) -> None:
+    """Append the leaves of ``x`` in ``skel``'s order; raises LayoutMismatch."""
+    if isinstance(skel, _Leaf):
+        out.append(x)
+    elif isinstance(skel, Mapping):
+        if not isinstance(x, Mapping) or len(x) != len(skel):
+            raise LayoutMismatch(f"expected a mapping with keys {list(skel)}")
+        for k, v in skel.items():
+            if k not in x:
+                raise LayoutMismatch(f"missing key {k!r}")
+            _leaves(v, x[k], out)
+    else:
+        if type(x) is not type(skel) or len(x) != len(skel):
+            raise LayoutMismatch(
+                f"expected a {type(skel).__name__} of {len(skel)} items, got "
+                f"{type(x).__name__}" + (f" of {len(x)}" if hasattr(x, "__len__") else ""))
+        for s, v in zip(skel, x):
+            _leaves(s, v, out)
+
+
+def _build(skel: Any, leaves: list[Any]) -> Any:
+    """A sample of ``skel``'s structure with ``leaves`` in it."""
+    if isinstance(skel, _Leaf):
+        return leaves[skel.j]
+    if isinstance(skel, dict):
+        return {k: _build(v, leaves) for k, v in skel.items()}
+    if _is_namedtuple(skel):
+        return type(skel)(*(_build(v, leaves) for v in skel))
+    return type(skel)(_build(v, leaves) for v in skel)

@@ -284,7 +284,10 @@ class AsyncLoader:
         except BaseException:
             runtime.close()
             raise
-        runtime.keepalive = pipeline
+        if runtime.loop is not None:
+            # the loop holds its tasks weakly; the loop thread drops this when it ends
+            # (set only when needed: pipeline -> runtime -> pipeline is a cycle)
+            runtime.keepalive = pipeline
         it = _Iterator(self, pipeline, runtime)
         if origin is not None:
             it._set_origin(*origin)
@@ -708,7 +711,12 @@ class _Iterator:
         self._last_n = b.n - len(b.failures)  # an iterable's skipped samples had a row number
         if self._p.copy is not None and b.event is not None:
             self._p.copy.hand_over(b.output, b.event)
-        return b.output
+        out = b.output
+        # the batch's last decode task may still hold ``b`` for a moment (its thread
+        # has not had the GIL back since it finished the batch): ``b`` must not keep
+        # the buffers from the pool once the user drops the batch
+        b.output = b.bufs = b.views = None
+        return out
 
     def _emit(self, samples: list[Any]) -> Any:
         """Collate samples in this thread (the slow path, after a skip)."""

@@ -269,22 +269,34 @@ class Pipeline:
             q.put_nowait((b, row, idx))
 
     async def _fetch_worker(self) -> None:
+        """Fetch queued samples until the pass ends (the loop cancels the worker).
+
+        Cancellation ends the worker by returning, not raising: a task that ends
+        with an exception keeps it, and the exception's traceback holds this
+        pipeline (and its batches) in a reference cycle until a garbage collection.
+        """
         q = self._fetch_queue
         assert q is not None
-        fetch = self.dataset.fetch
-        while True:
-            b, row, idx = await q.get()
-            if self.stopping:
-                continue
-            try:
-                raw = await fetch(idx)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as e:  # noqa: BLE001 - travels to the consumer
-                self._failed(b, row, idx, e)
-                continue
-            if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
-                self._failed(b, row, idx, AsyncFeedError("the loader was closed"))
+        try:
+            while True:
+                item = await q.get()
+                await self._fetch_one(*item)
+                del item  # an idle worker must not keep its last batch alive
+        except asyncio.CancelledError:
+            return
+
+    async def _fetch_one(self, b: Batch, row: int, idx: Any) -> None:
+        if self.stopping:
+            return
+        try:
+            raw = await self.dataset.fetch(idx)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - travels to the consumer
+            self._failed(b, row, idx, e)
+            return
+        if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
+            self._failed(b, row, idx, AsyncFeedError("the loader was closed"))
 
     # ---------------------------------------------------------- decode threads
     def _load(self, b: Batch, row: int, idx: Any, raw: Any) -> Any:
