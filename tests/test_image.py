@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from asyncfeed import decode_image
-from asyncfeed._image import decode_rgb, resize_center_crop, resized_shape
+from asyncfeed._image import decode_rgb, hwc_to_chw, resize_center_crop, resized_shape
 from imagegen import BAD_KINDS, GOOD_KINDS, photo, write
 
 JPEG_TOL = 2
@@ -172,6 +172,33 @@ def test_decode_image_into_wrong_shape_raises(tmp_path):
     raw = read(write("baseline", tmp_path / "img.jpg"))
     with pytest.raises(ValueError):
         decode_image(raw, 32, out=np.zeros((3, 16, 16), np.uint8))
+
+
+@pytest.mark.parametrize("out_kind", ["new", "row", "strided", "readonly_src", "four_channels"])
+def test_hwc_to_chw_is_a_transpose_copy(out_kind):
+    """OpenCV's split where it can write, NumPy elsewhere: the same pixels either way."""
+    rng = np.random.default_rng(3)
+    c = 4 if out_kind == "four_channels" else 3
+    src = rng.integers(0, 256, (40, 50, c), dtype=np.uint8)[3:35, 5:45]  # an ROI, as a crop is
+    want = src.transpose(2, 0, 1)
+    if out_kind == "readonly_src":
+        src = src.copy()
+        src.setflags(write=False)
+    if out_kind == "new":
+        got = hwc_to_chw(src)
+    elif out_kind == "strided":
+        base = np.zeros((c, 32, 80), np.uint8)
+        out = base[:, :, ::2]                      # planes OpenCV cannot write into
+        got = hwc_to_chw(src, out)
+        assert got is out and not base[:, :, 1::2].any()
+    else:
+        slot = np.full((3, c, 32, 40), 9, np.uint8)
+        out = slot[1]
+        got = hwc_to_chw(src, out)
+        assert got is out and (slot[[0, 2]] == 9).all()
+    assert got.shape == want.shape and np.array_equal(got, want)
+    with pytest.raises(ValueError):
+        hwc_to_chw(src, np.zeros((c, 16, 16), np.uint8))
 
 
 # -- 3. bad files raise, and never leave partial pixels behind -------------------------

@@ -87,10 +87,27 @@ def resize_center_crop(rgb: np.ndarray, size: int, out: np.ndarray | None = None
         flag = cv2.INTER_AREA if (shrink and interpolation == "area") else cv2.INTER_LINEAR
         rgb = cv2.resize(rgb, (nw, nh), interpolation=flag)
     top, left = (nh - size) // 2, (nw - size) // 2
-    crop = rgb[top:top + size, left:left + size]
+    return hwc_to_chw(rgb[top:top + size, left:left + size], out)
+
+
+def hwc_to_chw(hwc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Copy an ``[H, W, C]`` ``uint8`` image into ``out`` (``[C, H, W]``, new if None).
+
+    OpenCV's ``split`` writes each channel plane 3-4x faster than NumPy's
+    strided transpose copy (17 vs 55 us for 224x224); ``out`` arrays it cannot
+    write into (planes that are not contiguous) go through NumPy.  Same pixels
+    either way.
+    """
+    h, w, c = hwc.shape
     if out is None:
-        return np.ascontiguousarray(crop.transpose(2, 0, 1))
-    np.copyto(out, crop.transpose(2, 0, 1))
+        out = np.empty((c, h, w), np.uint8)
+    if c > 1 and hwc.dtype == np.uint8 and out.dtype == np.uint8 \
+            and out.shape == (c, h, w) and out.flags.c_contiguous:
+        planes = [out[k] for k in range(c)]
+        got = cv2.split(hwc, planes)
+        if all(g is p for g, p in zip(got, planes)):
+            return out
+    np.copyto(out, hwc.transpose(2, 0, 1))
     return out
 
 
@@ -117,9 +134,5 @@ def decode_image(raw: bytes, size: int | None, out: np.ndarray | None = None,
     check_size(size)
     check_interpolation(interpolation)
     if size is None:
-        rgb = decode_rgb(raw)
-        if out is None:
-            return np.ascontiguousarray(rgb.transpose(2, 0, 1))
-        np.copyto(out, rgb.transpose(2, 0, 1))
-        return out
+        return hwc_to_chw(decode_rgb(raw), out)
     return resize_center_crop(decode_rgb(raw, size), size, out, interpolation)
