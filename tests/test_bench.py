@@ -198,3 +198,40 @@ def test_cli_rejects_unknown_workload(capsys):
         main(["bench", "--workloads", "a,z"])
     assert e.value.code == 2
     assert "unknown z" in capsys.readouterr().err
+
+
+def _run(rate: float, cpu: float, pss: float, threads: int | None = None) -> dict:
+    run = {"ok": True, "rate": rate, "cpu_per_sample_ms": cpu, "peak_pss_bytes": pss * 2**20,
+           "other_load": 0.0}
+    if threads is not None:
+        run["loader_info"] = {"resolved_threads": threads}
+    return run
+
+
+def test_a_default_measured_again_explicitly_is_pooled_as_twins(tmp_path):
+    """asyncfeed's default resolves to t=4 here: the two rows are one configuration, and
+    the report also gives the median over both rows' runs."""
+    from asyncfeed._bench.config import Config
+    from asyncfeed._bench.report import render
+    bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2))
+    lim = Config("a", "limit", 2, mode="limit", role="limit",
+                 runs=[_run(r, 2.8, 222) for r in (600, 650, 700)])
+    dl = Config("a", "dataloader", 2, runs=[_run(r, 3.2, 285) for r in (550, 560, 570)])
+    dflt = Config("a", "asyncfeed", None, role="default",
+                  runs=[_run(r, c, 270, threads=4) for r, c in ((600, 3.1), (610, 3.0), (700, 2.7))])
+    t4 = Config("a", "asyncfeed", 4, runs=[_run(r, c, 272) for r, c in ((680, 2.75), (690, 2.7),
+                                                                         (560, 3.3))])
+    t2 = Config("a", "asyncfeed", 2, runs=[_run(640, 2.9, 268)])
+    bench.configs["a"] = [lim, dl, dflt, t4, t2]
+    results = bench.results()
+    (twin,) = results["twins"]
+    assert (twin["label"], twin["twin"], twin["runs_in_median"]) == (
+        dflt.label, t4.label, 6)
+    assert twin["rate"] == 645 and twin["vs_limit"] == pytest.approx(645 / 650)
+    assert twin["cpu_per_sample_ms"] == pytest.approx(2.875)
+    assert twin["cpu_vs_w2"] == pytest.approx(2.875 / 3.2)
+    results.update(machine={"cores_usable": 2, "cpu_model": "x", "memory_bytes": 2**30,
+                            "python": "3", "torch": "2"}, data={})
+    text = render(results)
+    assert ("asyncfeed t=default and asyncfeed t=4 are the same configuration; over both "
+            "rows' 6 runs: 645/s (0.99 of the limit), 2.88 ms CPU/sample (0.90x w=2)") in text

@@ -86,6 +86,14 @@ def render(results: dict) -> str:
         parts.append(f"\n(a) {WORKLOADS['a']}: {s['samples']} samples per run")
         parts.append(table(["contender", "samples/s", "x limit", "CPU ms/sample",
                             "x w=2 CPU", "peak PSS MB", "1st batch s"], rows))
+        for t in results.get("twins") or []:
+            parts.append(
+                f"{t['label']} and {t['twin']} are the same configuration; over both rows' "
+                f"{t['runs_in_median']} runs: {_fmt(t.get('rate'), ',.0f')}/s "
+                f"({_fmt(t.get('vs_limit'), '.2f')} of the limit), "
+                f"{_fmt(t.get('cpu_per_sample_ms'), '.2f')} ms CPU/sample "
+                f"({_fmt(t.get('cpu_vs_w2'), '.2f')}x w=2), peak PSS "
+                f"{_fmt(t.get('peak_pss_bytes'), 'mb')} MB")
     if summ.get("step"):
         step_ms = (results.get("step_s") or 0) * 1e3
         roles = {"best": "its best in (a)", "reference": "w = cores", "default": "defaults"}

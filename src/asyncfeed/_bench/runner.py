@@ -310,6 +310,32 @@ class Bench:
             out[wl] = rows
         return out
 
+    def twins(self, rows_a: list[dict]) -> list[dict]:
+        """Workload (a)'s default rows that resolved to a setting also measured on its
+        own (asyncfeed's default is ``t=4`` on 2 cores): the same configuration twice,
+        so the median over both rows' runs is the better estimate, and the gap
+        between the two rows shows the machine's run-to-run spread."""
+        cfgs = [c for c in self.configs.get("a", []) if c.mode == "throughput"]
+        ref = next((r for r in rows_a if r["family"] == "dataloader" and r["knob"] == 2), None)
+        limit = self.limit_rate("a")
+        out = []
+        for d in cfgs:
+            knob = _resolved(d) if d.knob is None else None
+            twin = next((c for c in cfgs if knob is not None and c is not d
+                         and (c.family, c.knob, c.dataset) == (d.family, knob, d.dataset)), None)
+            if twin is None:
+                continue
+            both = Config(workload="a", family=d.family, knob=knob, dataset=d.dataset,
+                          runs=d.runs + twin.runs)
+            row = summarize(both)
+            row.update(label=d.label, twin=twin.label)
+            if limit and row.get("rate"):
+                row["vs_limit"] = row["rate"] / limit
+            if ref and ref.get("cpu_per_sample_ms") and row.get("cpu_per_sample_ms"):
+                row["cpu_vs_w2"] = row["cpu_per_sample_ms"] / ref["cpu_per_sample_ms"]
+            out.append(row)
+        return out
+
     def knees(self) -> dict[str, dict[str, dict]]:
         """Per workload and family: the sweep and its knee (see :func:`.tuning.knee`)."""
         out: dict[str, dict[str, dict]] = {}
@@ -334,13 +360,15 @@ class Bench:
         return out
 
     def results(self) -> dict:
+        summary = self.summaries()
         return {
             "settings": asdict(self.s),
             "skipped": self.skipped,
             "available": self.available,
             "step_s": self.step_s,
             "elapsed_s": self.elapsed_s,
-            "summary": self.summaries(),
+            "summary": summary,
+            "twins": self.twins(summary.get("a", [])),
             "tuning": self.knees(),
             "runs": {wl: [{"key": c.key, "label": c.label, "workload": c.workload,
                            "family": c.family, "knob": c.knob, "mode": c.mode,
