@@ -285,7 +285,8 @@ def test_gpu_sections_run_under_a_cuda_stand_in(tmp_path):
     names = [r["name"] for r in t["results"]]
     assert names == ["gpu only (no loader)", "asyncfeed", "DataLoader w=2"]
     for r in t["results"]:
-        assert r["images_per_s"] > 0 and r["cores_busy"] > 0, r
+        # cores_busy counts CPU in 10 ms ticks: a stand-in row this short may read 0
+        assert r["images_per_s"] > 0 and r["cores_busy"] >= 0, r
     af = t["results"][1]
     assert af["path"] == "ring" and af["slot_waits"] >= 0
     assert set(t["verdict"]) == {"best_dataloader", "speed_vs_best", "matches_best", "fewer_cores"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 
 import numpy as np
@@ -180,6 +181,19 @@ def gc_off():
         gc.collect()
 
 
+def assert_no_cyclic_garbage() -> None:
+    """Fail, naming what it found, if only the garbage collector could free something."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        n = gc.collect()
+        kinds = collections.Counter(type(o).__qualname__ for o in gc.garbage).most_common(10)
+        frames = [o.f_code.co_name for o in gc.garbage if type(o).__name__ == "frame"][:10]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert n == 0, f"{n} objects were only freed by the garbage collector: {kinds}, frames {frames}"
+
+
 def test_layout_walks_leave_no_cyclic_garbage(gc_off):
     """A reference cycle per sample would keep its row alive until the collector ran."""
     sample = {"img": torch.zeros(3, 4, dtype=torch.uint8), "meta": (1, 2.5, "x"),
@@ -191,7 +205,7 @@ def test_layout_walks_leave_no_cyclic_garbage(gc_off):
     layout.unflatten(layout.flatten(sample))
     layout.row_sample(bufs, 1)
     Layout.infer(sample)
-    assert gc.collect() == 0
+    assert_no_cyclic_garbage()
 
 
 @pytest.mark.parametrize("source", ["tuples", "dicts", "jpegs"])
@@ -232,5 +246,24 @@ def test_a_whole_pass_leaves_no_cyclic_garbage(gc_off, io, tmp_path):
     assert sum(len(y) for _, y in al) == 24
     al.close()
     del al
-    garbage = gc.collect()
-    assert garbage == 0, f"{garbage} objects were only freed by the garbage collector"
+    assert_no_cyclic_garbage()
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_skipped_samples_do_not_pin_their_batches(gc_off, in_order, tmp_path):
+    """A failed sample's exception (its traceback holds the frames that had the batch)
+    must not keep the batch's buffers once the failure is recorded."""
+    from asyncfeed import ImageFolder
+    from imagegen import write
+    for i in range(96):
+        kind = "truncated" if i % 8 == 3 else "baseline"
+        write(kind, tmp_path / f"c{i % 3}" / f"{i:02d}.jpg", h=40, w=48, seed=i)
+    ds = ImageFolder(tmp_path, size=32)
+    with AsyncLoader(ds, batch_size=4, num_threads=3, prefetch=2, on_error="skip",
+                     in_order=in_order) as al:
+        pool = al._host_pool
+        assert sum(len(y) for _, y in al) == 96 - 12
+        assert len(al.stats().skipped) == 12
+        assert pool.allocated <= pool.capacity, (
+            f"{pool.allocated} buffer sets: failed samples kept their batches alive")
+    assert_no_cyclic_garbage()

@@ -496,6 +496,20 @@ class AsyncLoader:
                                   batch=b.k)
             self._stats.skipped.append(entry)
             self._skip_log.warning(f"asyncfeed: skipped {err}")
+        # drop the exceptions (keep which rows failed): an exception's traceback holds
+        # the frames that held ``b``, a cycle that would keep the batch's buffers from
+        # the host pool until a garbage collection
+        b.failures = [(row, idx, None) for row, idx, _ in b.failures]
+
+
+def _let_go(b: Batch) -> None:
+    """The consumer is done with ``b``'s buffers (delivered, or rows copied out).
+
+    The batch's last decode task may still hold ``b`` for a moment (its thread has
+    not had the GIL back since it finished the batch): ``b`` must not keep the
+    buffers from the host pool once the user drops the batch.
+    """
+    b.output = b.bufs = b.views = None
 
 
 def _close_current(ref_box: list[Any]) -> None:
@@ -637,6 +651,7 @@ class _Iterator:
                     raise sample_error(loader.dataset, idx, e, b.k)
                 loader._record_skips(b)                  # in_order=False: short batch
                 good = b.good_samples_host
+                _let_go(b)
                 if not good:
                     continue
                 return self._emit([s for _, s in good])
@@ -654,6 +669,7 @@ class _Iterator:
                 return self._deliver(b)
             loader._record_skips(b)
             self._carry.extend(b.good_samples_host)
+            _let_go(b)
         target = (loader.batch_size or 1) if loader._plan.user_batch_sampler is None \
             else p.sizes[min(self._emitted, len(p.sizes) - 1)]
         while len(self._carry) < target:
@@ -665,6 +681,7 @@ class _Iterator:
                 raise _batch_error(loader.dataset, b)
             loader._record_skips(b)
             self._carry.extend(b.good_samples_host)
+            _let_go(b)
         if not self._carry:
             raise StopIteration
         chunk, self._carry = self._carry[:target], self._carry[target:]
@@ -712,10 +729,7 @@ class _Iterator:
         if self._p.copy is not None and b.event is not None:
             self._p.copy.hand_over(b.output, b.event)
         out = b.output
-        # the batch's last decode task may still hold ``b`` for a moment (its thread
-        # has not had the GIL back since it finished the batch): ``b`` must not keep
-        # the buffers from the pool once the user drops the batch
-        b.output = b.bufs = b.views = None
+        _let_go(b)
         return out
 
     def _emit(self, samples: list[Any]) -> Any:

@@ -71,7 +71,8 @@ class Batch:
         self.samples: list[Any] = [None] * self.n
         self.remaining = self.n
         self.done = bytearray(self.n)
-        self.failures: list[tuple[int, Any, BaseException]] = []
+        # (row, index, error); the error is dropped (None) once the consumer recorded it
+        self.failures: list[tuple[int, Any, BaseException | None]] = []
         self.error: BaseException | None = None   # a batch-level error (collate_fn...)
         self.output: Any = None
         self.event: Any = None
@@ -84,6 +85,7 @@ class Batch:
         return [i for r, i in enumerate(self.indices) if not self.done[r]]
 
 
+_FAILED = object()  # a fetch that raised
 _NO_RAW = object()
 
 
@@ -293,7 +295,10 @@ class Pipeline:
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
-            self._failed(b, row, idx, e)
+            self._note_failure(b, row, idx, e)
+            raw = _FAILED
+        if raw is _FAILED:
+            self._one_done(b, row)  # outside the handler (see _run_sample)
             return
         if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
             self._failed(b, row, idx, AsyncFeedError("the loader was closed"))
@@ -331,8 +336,10 @@ class Pipeline:
                 if not self.layouts.decided:
                     self.layouts.offer(sample)
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
-            self._failed(b, row, idx, e)
-            return
+            self._note_failure(b, row, idx, e)
+        # done outside the handler: once the consumer has recorded the failure, nothing
+        # here may still hold the exception, whose traceback holds the row it was
+        # decoding into (and so the batch's buffer)
         self._one_done(b, row)
 
     def _rows_of(self, b: Batch) -> list[Any]:
@@ -349,9 +356,12 @@ class Pipeline:
         for row in range(lo, hi):
             self._run_sample(b, row, b.indices[row], _NO_RAW)
 
-    def _failed(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
+    def _note_failure(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
         with self.cond:
             b.failures.append((row, idx, e))
+
+    def _failed(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
+        self._note_failure(b, row, idx, e)
         self._one_done(b, row)
 
     def _one_done(self, b: Batch, row: int) -> None:
