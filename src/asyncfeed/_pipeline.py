@@ -85,7 +85,6 @@ class Batch:
         return [i for r, i in enumerate(self.indices) if not self.done[r]]
 
 
-_FAILED = object()  # a fetch that raised
 _NO_RAW = object()
 
 
@@ -296,12 +295,11 @@ class Pipeline:
             raise
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._note_failure(b, row, idx, e)
-            raw = _FAILED
-        if raw is _FAILED:
-            self._one_done(b, row)  # outside the handler (see _run_sample)
+        else:
+            if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
+                self._failed(b, row, idx, AsyncFeedError("the loader was closed"))
             return
-        if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
-            self._failed(b, row, idx, AsyncFeedError("the loader was closed"))
+        self._one_done(b, row)  # outside the handler (see _run_sample)
 
     # ---------------------------------------------------------- decode threads
     def _load(self, b: Batch, row: int, idx: Any, raw: Any) -> Any:
