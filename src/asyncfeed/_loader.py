@@ -507,9 +507,12 @@ def _let_go(b: Batch) -> None:
 
     The batch's last decode task may still hold ``b`` for a moment (its thread has
     not had the GIL back since it finished the batch): ``b`` must not keep the
-    buffers from the host pool once the user drops the batch.
+    buffers from the host pool once the user drops the batch, neither directly
+    nor through its samples (a batch with failed samples still has its decoded
+    rows there, views of its buffer).
     """
     b.output = b.bufs = b.views = None
+    b.samples = [None] * b.n
 
 
 def _close_current(ref_box: list[Any]) -> None:

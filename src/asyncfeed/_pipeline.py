@@ -319,26 +319,31 @@ class Pipeline:
         if self.stopping:
             return
         try:
-            sample = self._load(b, row, idx, raw)
-            del raw
-            if b.mode == "ring":
-                b.samples[row] = sample   # kept in case the batch must be collated instead
-                try:
-                    b.layout.write_row(self._rows_of(b), row, sample, b.views)
-                except LayoutMismatch:
-                    # shapes vary: collate this batch like DataLoader, and stop using rows
-                    b.mismatch = True
-                    self.layouts.give_up()
-            else:
-                b.samples[row] = sample
-                if not self.layouts.decided:
-                    self.layouts.offer(sample)
+            self._place(b, row, idx, raw)
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._note_failure(b, row, idx, e)
-        # done outside the handler: once the consumer has recorded the failure, nothing
-        # here may still hold the exception, whose traceback holds the row it was
-        # decoding into (and so the batch's buffer)
+        # reported done only here, once the sample's locals are gone: this thread may
+        # wait a while for the GIL after handing the batch over, and must not hold its
+        # decoded row (a view of the batch's buffer) or an exception (whose traceback
+        # holds that row) meanwhile
         self._one_done(b, row)
+
+    def _place(self, b: Batch, row: int, idx: Any, raw: Any) -> None:
+        """Load sample ``row`` of ``b`` and put it in its row (ring) or ``b.samples``."""
+        sample = self._load(b, row, idx, raw)
+        del raw
+        if b.mode == "ring":
+            b.samples[row] = sample   # kept in case the batch must be collated instead
+            try:
+                b.layout.write_row(self._rows_of(b), row, sample, b.views)
+            except LayoutMismatch:
+                # shapes vary: collate this batch like DataLoader, and stop using rows
+                b.mismatch = True
+                self.layouts.give_up()
+        else:
+            b.samples[row] = sample
+            if not self.layouts.decided:
+                self.layouts.offer(sample)
 
     def _rows_of(self, b: Batch) -> list[Any]:
         """The batch's buffers, taken from the host pool on first use (any thread)."""
