@@ -64,8 +64,8 @@ import torch  # noqa: E402
 
 import asyncfeed  # noqa: E402
 from asyncfeed import AsyncLoader  # noqa: E402
-from asyncfeed._device import CopyStream, map_tensors  # noqa: E402
-from asyncfeed._slots import SlotRing  # noqa: E402
+from asyncfeed._memory.device import CopyStream, map_tensors  # noqa: E402
+from asyncfeed._memory.slots import SlotRing  # noqa: E402
 
 SECTIONS = ("correctness", "bandwidth", "overlap", "training")
 SECTION_KEYS = {"a": "correctness", "b": "bandwidth", "c": "overlap", "d": "training"}
@@ -283,8 +283,8 @@ def simulated_cuda(loader: AsyncLoader, copy: SimCopyStream) -> Any:
     Reaches into the loader: a non-None device makes it use the ring, ``_copy``
     is the simulated stream, pinning is a no-op (the ring is unpinned without
     CUDA)."""
-    import asyncfeed._loader as L
-    import asyncfeed._pipeline as P
+    import asyncfeed._engine.loader as L
+    import asyncfeed._engine.pipeline as P
     saved = (P.pin, L.pin)
     P.pin = L.pin = lambda obj: obj
     loader.device = torch.device("cpu")
@@ -820,7 +820,7 @@ def section_training(args: argparse.Namespace, dev: torch.device) -> dict:
         return skipped(f"torchvision is not installed ({e})")
     from torch.utils.data import DataLoader
 
-    from asyncfeed import _synthetic
+    from asyncfeed._bench import synthetic as _synthetic
     root = args.data_root or os.path.join(os.environ.get("TMPDIR", "/tmp"), "asyncfeed-gpu-check")
     log(f"(d) synthetic set: {args.train_images} JPEGs under {root} ...")
     t0 = time.perf_counter()

@@ -30,6 +30,6 @@ if [ -n "${QUIET_WAIT:-}" ]; then
   done
 fi
 
-PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m asyncfeed._cli bench \
+PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m asyncfeed._bench.cli bench \
   --json "$out/bench-$stamp.json" --plot "$out/bench-$stamp.png" "$@" \
   | tee "$out/bench-$stamp.txt"

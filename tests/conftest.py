@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # test helper modules (imagegen, servers)
+sys.path.insert(0, os.path.dirname(__file__))  # the support package (images, servers, oracle)
 
 
 def _our_threads() -> list[threading.Thread]:

@@ -5,13 +5,13 @@ GIL-releasing decoders, decoded samples land in preallocated batch slots, and a
 dedicated CUDA copy stream moves them to the GPU while the model computes.
 """
 
+from ._data.folder import IMG_EXTENSIONS, ImageFolder
+from ._data.image import decode_image
+from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
+from ._engine.loader import AsyncLoader
+from ._engine.stats import LoaderStats, SkippedSample
 from ._errors import AsyncFeedError, LoaderClosedError, LoaderTimeout, SampleError, StateError
-from ._folder import IMG_EXTENSIONS, ImageFolder
-from ._image import decode_image
-from ._loader import AsyncLoader
-from ._remote_errors import RemoteReadError, RemoteTimeoutError
-from ._stats import LoaderStats, SkippedSample
-from ._webdataset import ImageLabelDecoder, WebDatasetShards
+from ._io.remote_errors import RemoteReadError, RemoteTimeoutError
 
 __version__ = "0.1.0"
 

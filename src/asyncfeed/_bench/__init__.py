@@ -14,5 +14,5 @@ One module per job:
 * :mod:`.tuning`: knees of the throughput curves;
 * :mod:`.report` / :mod:`.plot`: the table, the JSON, the PNG.
 
-The command line is :mod:`asyncfeed._cli`.
+The command line is :mod:`asyncfeed._bench.cli`.
 """

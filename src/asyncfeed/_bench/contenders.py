@@ -32,9 +32,9 @@ REQUIRES: dict[str, str] = {
     "dataloader": "torch.utils.data",
     "torchdata": "torchdata.nodes",
     "spdl": "spdl.pipeline",
-    "asyncfeed": "asyncfeed._loader",
-    "asyncfeed-async": "asyncfeed._loader",
-    "asyncfeed-map": "asyncfeed._loader",
+    "asyncfeed": "asyncfeed._engine.loader",
+    "asyncfeed-async": "asyncfeed._engine.loader",
+    "asyncfeed-map": "asyncfeed._engine.loader",
 }
 
 ASYNCFEED_FAMILIES = ("asyncfeed", "asyncfeed-async", "asyncfeed-map")
@@ -61,7 +61,7 @@ def availability(family: str) -> str | None:
             return f"asyncfeed loader not available: {type(e).__name__}: {e}"
         return f"skipped (not installed): {mod}: {type(e).__name__}: {e}"
     if family in ASYNCFEED_FAMILIES and not hasattr(m, "AsyncLoader"):
-        return "asyncfeed loader not available: asyncfeed._loader has no AsyncLoader"
+        return "asyncfeed loader not available: asyncfeed._engine.loader has no AsyncLoader"
     return None
 
 
@@ -188,7 +188,7 @@ def _spdl(ds: Any, order: list[int], bs: int, threads: int, pin: bool) -> Handle
 
 def _asyncfeed(family: str, ds: Any, order: list[int], bs: int, threads: int | None,
                device: str, seed: int) -> Handle:
-    from asyncfeed._loader import AsyncLoader
+    from asyncfeed._engine.loader import AsyncLoader
 
     from .workloads import MapOnly
     if family == "asyncfeed-map":

@@ -1,6 +1,6 @@
 """Workload (e): the data set served over loopback HTTP, with a set latency per request.
 
-The server is ``python -m asyncfeed._httpserve ROOT --latency S``, a process of its
+The server is ``python -m asyncfeed._bench.httpserve ROOT --latency S``, a process of its
 own (its CPU and GIL apart from the loaders'), started once per latency for the
 whole workload and stopped at its end.  It stands in for an object store: every
 read waits ``latency`` seconds before its bytes come back.
@@ -28,7 +28,7 @@ class HttpServers:
         try:
             for lat in latencies:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "asyncfeed._httpserve", root, "--latency", str(lat)],
+                    [sys.executable, "-m", "asyncfeed._bench.httpserve", root, "--latency", str(lat)],
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
                 self._procs[lat] = proc
                 assert proc.stdout is not None

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._folder import ImageFolder
-from .._image import decode_image
-from .._local_source import LocalSource
+from .._data.folder import ImageFolder
+from .._data.image import decode_image
+from .._io.local import LocalSource
 
 WORKLOADS = {
     "a": "JPEG folder in the page cache",

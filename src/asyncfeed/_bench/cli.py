@@ -1,0 +1,227 @@
+"""The ``asyncfeed`` command line.
+
+``asyncfeed bench`` measures asyncfeed against torch's DataLoader, torchdata.nodes
+and SPDL on the built-in synthetic JPEG set (or ``--data DIR``), prints a table,
+and writes a PNG (``--plot``) and, with ``--json``, every raw figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Sequence
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip() != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not vals or min(vals) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return vals
+
+
+def _names(choices: Sequence[str]):
+    def parse(text: str) -> tuple[str, ...]:
+        vals = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in vals if v not in choices]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(choices)}")
+        return vals
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .contenders import FAMILIES
+    from .workloads import WORKLOADS
+    p = argparse.ArgumentParser(prog="asyncfeed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command")
+    b = sub.add_parser(
+        "bench", help="benchmark asyncfeed against DataLoader, torchdata.nodes and SPDL",
+        description="Run every contender on the same per-sample function (read, decode, "
+                    "resize, crop) and report samples/s, CPU per sample, peak memory, time to "
+                    "first batch and the tuning curve. Workloads: "
+                    + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
+    b.add_argument("--quick", action="store_true",
+                   help="tiny data, one round, few settings: seconds, for smoke tests")
+    b.add_argument("--data", metavar="DIR",
+                   help="an ImageFolder tree (root/<class>/<image>) instead of the synthetic set")
+    b.add_argument("--size", type=int, default=224, help="output side in pixels (224)")
+    b.add_argument("--batch-size", type=int, default=None, help="batch size (32; 8 with --quick)")
+    b.add_argument("--json", metavar="PATH", help="write every raw figure and the machine here")
+    b.add_argument("--plot", metavar="PATH", default="asyncfeed-bench.png",
+                   help="PNG to write (default ./asyncfeed-bench.png)")
+    b.add_argument("--no-plot", action="store_true", help="write no PNG")
+    b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=None,
+                   help="comma-separated subset of a,b,c,d,e (default: all; with --data, "
+                        "a,b,c,d: e would list the whole tree over HTTP)")
+    b.add_argument("--latency", type=float, default=0.02,
+                   help="seconds per HTTP request in workload e (0.02)")
+    b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
+                   help="comma-separated subset of " + ",".join(FAMILIES))
+    b.add_argument("--repeats", type=int, default=None,
+                   help="rounds of every configuration of (a) and (b), interleaved A B A B; "
+                        "the training step, (c) and (d) get min(N, 2); figures are medians "
+                        "(3; 1 with --quick)")
+    b.add_argument("--samples", type=int, default=None,
+                   help="samples per run in workload a (640); b and c scale from it")
+    b.add_argument("--workers", type=_ints, default=None,
+                   help="DataLoader num_workers sweep (default 0,1,2,4,... up to 2x cores)")
+    b.add_argument("--threads", type=_ints, default=None,
+                   help="thread sweep of the thread-based loaders (default 1,2,4,... to 2x cores)")
+    b.add_argument("--images", type=int, default=None,
+                   help="size of the synthetic set (1000; 64 with --quick)")
+    b.add_argument("--cache", metavar="DIR",
+                   help="where the synthetic set is generated (default $ASYNCFEED_CACHE or "
+                        "~/.cache/asyncfeed)")
+    b.add_argument("--ram-mb", type=float, default=None,
+                   help="MB of Python objects the in-RAM data set holds (workload b; 192)")
+    b.add_argument("--step-load", type=float, default=0.85,
+                   help="simulated training step: consumes data at this fraction of the limit")
+    b.add_argument("--interpolation", choices=("area", "linear"), default="area",
+                   help="resize filter of the per-sample function (area)")
+    b.add_argument("--device", default="auto",
+                   help="cpu, cuda, or auto (cuda when available: pinned memory, H2D copy)")
+    b.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before a single run is killed and reported as failed")
+    b.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _prepare_data(args: argparse.Namespace, images: int, samples: int, scratch: str) -> dict:
+    """The folder the runs read (generated, or a listed subset of ``--data``), warmed."""
+    from tqdm import tqdm
+
+    from . import synthetic as _synthetic
+    from .workloads import warm_page_cache, write_subset_listing
+    t0 = time.time()
+    if args.data:
+        root = os.path.abspath(os.path.expanduser(args.data))
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"no such directory: {root}")
+        print(f"asyncfeed bench: listing {root} ...", file=sys.stderr)
+        listing = os.path.join(scratch, "listing.json")
+        info = {"root": root, "synthetic": False, "listing": listing,
+                **write_subset_listing(root, samples, args.seed, listing)}
+    else:
+        parent = args.cache or _synthetic.cache_root()
+        classes = min(10, images)
+        if not _synthetic.is_complete(os.path.join(
+                parent, _synthetic.dataset_name(images, classes, args.seed))):
+            with tqdm(total=images, desc="generating synthetic JPEGs", unit="img",
+                      file=sys.stderr, leave=False) as bar:
+                root = _synthetic.ensure_synthetic(images, classes, seed=args.seed, root=parent,
+                                                   progress=bar.update)
+        else:
+            root = _synthetic.ensure_synthetic(images, classes, seed=args.seed, root=parent)
+        info = {"root": root, "synthetic": True, "listing": None, **_synthetic.summary(root)}
+    info["prepare_s"] = time.time() - t0
+    info["bytes_read_to_warm_page_cache"] = warm_page_cache(root, info["listing"])
+    return info
+
+
+def bench(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from tqdm import tqdm
+
+    from . import report
+    from .runner import Bench, Settings, default_threads, default_workers, machine_info
+
+    t_start = time.time()
+    cores = _cores()
+    quick = args.quick
+    batch = args.batch_size or (8 if quick else 32)
+    samples = args.samples or (4 * batch if quick else 640)
+    images = args.images or (64 if quick else 1000)
+    threads = args.threads or ((2,) if quick else default_threads(cores))
+    if 0 in threads:
+        print("asyncfeed bench: --threads must be >= 1", file=sys.stderr)
+        return 2
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory(prefix="asyncfeed-bench-data-") as scratch:
+        try:
+            data = _prepare_data(args, images, samples, scratch)
+        except FileNotFoundError as e:
+            print(f"asyncfeed bench: {e}", file=sys.stderr)
+            return 2
+        settings = Settings(
+            root=data["root"], synthetic=data["synthetic"], listing=data["listing"],
+            size=args.size, batch_size=batch,
+            workloads=tuple(args.workloads or (("a", "b", "c", "d") if args.data
+                                               else ("a", "b", "c", "d", "e"))),
+            samples_remote=samples if quick else max(batch, samples * 2 // 5),
+            latency=args.latency,
+            families=tuple(args.contenders), repeats=args.repeats or (1 if quick else 3),
+            samples=samples, samples_ram=samples if quick else max(batch, samples * 4 // 5),
+            samples_gil=max(batch, samples // 2),
+            workers=args.workers or ((0, 2) if quick else default_workers(cores)),
+            threads=threads, cores=cores,
+            ram_mb=args.ram_mb if args.ram_mb is not None else (8.0 if quick else 192.0),
+            step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
+            quick=quick, interpolation=args.interpolation,
+            ttfb_workers=1 if quick else cores, sweep_asyncfeed=not quick,
+            single_limit=not quick, retry_disturbed=not quick)
+        runner = Bench(settings)
+        runner.plan()
+        for fam, why in runner.skipped.items():
+            print(f"asyncfeed bench: {fam}: {why}", file=sys.stderr)
+        with tqdm(total=runner.n_runs(), desc="asyncfeed bench", unit="run", file=sys.stderr,
+                  dynamic_ncols=True) as bar:
+            runner.progress = bar
+            runner.run()
+    results = runner.results()
+    results["machine"] = machine_info()
+    results["data"] = data
+    results["command"] = ["asyncfeed", "bench"] + list(args._argv)
+    results["elapsed_s"] = time.time() - t_start
+    results["memory_metric"] = "pss" if _has_pss() else "rss"
+    print(report.render(results))
+    if args.json:
+        report.write_json(results, args.json)
+        print(f"\nJSON: {os.path.abspath(args.json)}")
+    if not args.no_plot and args.plot:
+        from .plot import write_png
+        write_png(results, args.plot)
+        print(f"plot: {os.path.abspath(args.plot)}")
+    failed = [c for rows in results["runs"].values() for c in rows
+              for r in c["runs"] if not r.get("ok")]
+    return 1 if failed else 0
+
+
+def _has_pss() -> bool:
+    from .measure import has_pss
+    return has_pss()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from .. import __version__
+        print(__version__)
+        return 0
+    if args.command != "bench":
+        parser.print_help()
+        return 2
+    args._argv = argv[argv.index("bench") + 1:] if "bench" in argv else []
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Datasets asyncfeed ships: image folders, the image decoder, WebDataset tar shards."""

@@ -1,0 +1,403 @@
+"""WebDataset-style ``.tar`` shards: many samples per request, shuffled with a bounded buffer.
+
+A shard is a tar file whose members are grouped into samples by key: the member
+name up to the first dot of its base name (``train/0001.jpg`` and
+``train/0001.cls`` are the ``jpg`` and ``cls`` fields of sample ``train/0001``),
+members of one sample stored next to each other, as ``webdataset``/``tarp``
+write them.
+
+``WebDatasetShards`` is a ``torch.utils.data.IterableDataset``.  Each pass takes
+the shard list (brace patterns expanded), shuffles it with ``seed`` and the epoch
+(the same order on every rank), keeps every ``world_size``-th shard from ``rank``
+on (and, inside a torch DataLoader worker, every ``num_workers``-th of those), and
+reads each shard front to back.  Remote shards are read in ``block_size`` range
+requests, ``readahead`` of them in flight on fsspec's I/O loop while the tar
+stream is parsed; every block has the per-read timeout and retries of
+:class:`~asyncfeed._io.fsspec.FsspecSource`, so a stalled or dropped
+connection is retried or raised, never parsed as a short shard.  Local shards
+(plain paths, ``file://``) are read with ordinary buffered I/O.
+
+Samples go through a shuffle buffer of ``shuffle_buffer`` samples whose random
+choices come from ``seed``, the epoch, the rank and the worker: the same settings
+give the same sample order, run after run.
+
+The work is split for :class:`~asyncfeed.AsyncLoader` (see ``_iterable``):
+``iter_raw()`` (reading and parsing the tar stream, shuffling) is the sequential
+part, pulled by one thread at a time, and ``decode(sample)`` (image decoding) the
+parallel part, run in the loader's decode threads.  ``iter(dataset)`` is
+``map(decode, iter_raw())``.  The loader also tells the dataset its rank and
+world size with ``set_rank``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import io
+import logging
+import operator
+import random
+import re
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from .image import Interpolation, decode_image
+
+__all__ = ["ImageLabelDecoder", "WebDatasetShards", "expand_braces", "group_samples"]
+
+logger = logging.getLogger("asyncfeed.webdataset")
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``{0000..0127}`` (zero-padded ranges) and ``{a,b,c}`` groups, left to right.
+
+    >>> expand_braces("s-{00..02}.tar")
+    ['s-00.tar', 's-01.tar', 's-02.tar']
+    >>> expand_braces("{a,b}/{1..2}")
+    ['a/1', 'a/2', 'b/1', 'b/2']
+    """
+    m = _BRACE.search(pattern)
+    if m is None:
+        return [pattern]
+    body = m.group(1)
+    r = _RANGE.match(body)
+    if r is not None:
+        lo_s, hi_s = r.groups()
+        lo, hi = int(lo_s), int(hi_s)
+        width = len(lo_s) if lo_s.lstrip("-").startswith("0") and len(lo_s) > 1 else 0
+        step = 1 if hi >= lo else -1
+        choices = [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    elif "," in body:
+        choices = body.split(",")
+    else:  # a literal brace pair such as "{x}": keep it
+        head = pattern[:m.end()]
+        return [head + rest for rest in expand_braces(pattern[m.end():])]
+    out: list[str] = []
+    for c in choices:
+        out.extend(expand_braces(pattern[:m.start()] + c + pattern[m.end():]))
+    return out
+
+
+def _split_name(name: str) -> tuple[str, str] | None:
+    """``dir/key.ext.more`` -> (``dir/key``, ``ext.more``); None for names without a dot."""
+    head, _, base = name.rpartition("/")
+    key, dot, ext = base.partition(".")
+    if not dot or not key:
+        return None
+    return (head + "/" + key if head else key), ext.lower()
+
+
+def group_samples(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[dict[str, Any]]:
+    """Consecutive ``(name, data)`` members with the same key, as sample dicts.
+
+    Each sample has ``__key__``, ``__url__`` (the shard) and one entry per
+    extension.  Names without an extension and names starting with ``__`` (metadata)
+    are skipped.
+    """
+    current: dict[str, Any] | None = None
+    for name, data in members:
+        split = _split_name(name)
+        if split is None or name.rpartition("/")[2].startswith("__"):
+            continue
+        key, ext = split
+        if current is not None and current["__key__"] != key:
+            yield current
+            current = None
+        if current is None:
+            current = {"__key__": key, "__url__": url}
+        current[ext] = data
+    if current is not None:
+        yield current
+
+
+class _RangeStream(io.RawIOBase):
+    """A remote file read front to back in blocks, ``readahead`` blocks fetched ahead."""
+
+    def __init__(self, source: Any, url: str, size: int, block_size: int, readahead: int) -> None:
+        super().__init__()
+        import fsspec.asyn
+        self._loop = fsspec.asyn.get_loop()
+        self._source, self._url, self._size = source, url, size
+        self._block, self._ahead = block_size, max(1, readahead)
+        self._next = 0
+        self._pending: collections.deque = collections.deque()
+        self._buf = memoryview(b"")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _schedule(self) -> None:
+        while len(self._pending) < self._ahead and self._next < self._size:
+            end = min(self._size, self._next + self._block)
+            coro = self._source.read_range(self._url, self._next, end)
+            self._pending.append(asyncio.run_coroutine_threadsafe(coro, self._loop))
+            self._next = end
+
+    def readinto(self, b: Any) -> int:
+        if self._pos >= len(self._buf):
+            self._schedule()
+            if not self._pending:
+                return 0
+            self._buf = memoryview(self._pending.popleft().result())
+            self._pos = 0
+            self._schedule()
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        for fut in self._pending:
+            fut.cancel()
+        self._pending.clear()
+        super().close()
+
+
+class ImageLabelDecoder:
+    """``decode=`` for image classification shards: sample -> ``(uint8 [3, size, size], label)``.
+
+    The image is the first of ``image_keys`` present, decoded and resized like
+    ``ImageFolder`` does; the label is the integer text of ``label_key``.
+    """
+
+    def __init__(self, size: int | None = 224, *, image_keys: tuple[str, ...] = (
+                 "jpg", "jpeg", "png", "webp", "ppm", "bmp"), label_key: str = "cls",
+                 interpolation: Interpolation = "area") -> None:
+        self.size, self.image_keys, self.label_key = size, image_keys, label_key
+        self.interpolation: Interpolation = interpolation
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        raw = next((sample[k] for k in self.image_keys if k in sample), None)
+        if raw is None:
+            raise KeyError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has "
+                           f"none of {self.image_keys}; it has {sorted(sample)}")
+        img = decode_image(raw, self.size, interpolation=self.interpolation)
+        label = int(sample[self.label_key].decode().strip())
+        return torch.from_numpy(img), label
+
+
+def _check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
+    """(rank, world_size) as ints; ValueError unless 0 <= rank < world_size."""
+    try:
+        r, w = operator.index(rank), operator.index(world_size)
+    except TypeError:
+        raise ValueError(f"rank and world_size must be ints, got {rank!r} and "
+                         f"{world_size!r}") from None
+    if w < 1 or not 0 <= r < w:
+        raise ValueError(f"rank {r} out of range for world_size {w}")
+    return r, w
+
+
+def _default_rank() -> tuple[int, int]:
+    """The loader's rule: torch.distributed's rank and world size, else RANK/WORLD_SIZE."""
+    from .._engine.loader import resolve_ranks
+    return resolve_ranks(None, None)
+
+
+class WebDatasetShards(torch.utils.data.IterableDataset):
+    """Samples from WebDataset ``.tar`` shards, local or remote (any fsspec URL).
+
+    Parameters
+    ----------
+    urls:
+        A brace pattern (``"s3://bucket/train-{0000..0127}.tar"``) or a list of
+        patterns/URLs/paths.
+    shuffle_buffer:
+        Samples held for shuffling (0 or 1: the order in the shards).  Memory is
+        about ``shuffle_buffer`` raw samples.
+    seed:
+        Seeds the shard order and the buffer's choices, together with the epoch
+        (``set_epoch``), the rank and the DataLoader worker.
+    shuffle_shards:
+        Shuffle the shard list each epoch (same order on every rank).
+    decode:
+        Called on each sample dict (None: yield the dicts).  ``ImageLabelDecoder(size)``
+        gives ``(image tensor, label)``.  Iterating the dataset calls it in the
+        iterating thread; ``AsyncLoader`` calls it in its decode threads, several at
+        once (it must be thread-safe), while one thread reads the shards.
+    rank, world_size:
+        Which share of the shards this process reads.  Given here, they win;
+        otherwise the values of the last ``set_rank`` (``AsyncLoader`` calls it with
+        its own ``rank``/``world_size`` at every ``iter()``); otherwise as
+        ``AsyncLoader`` decides: torch.distributed's rank and world size when
+        initialised, else the ``RANK``/``WORLD_SIZE`` environment, else 0 and 1.
+        Shard ``i`` of the epoch's order goes to rank ``i % world_size``.  Ranks may
+        get a different number of samples when shards differ in size or do not
+        divide evenly.
+    storage_options, timeout, retries, backoff:
+        For remote shards, as in :class:`~asyncfeed._io.fsspec.FsspecSource`.
+    block_size, readahead:
+        Remote shards are fetched in range requests of ``block_size`` bytes,
+        ``readahead`` of them in flight.
+    on_shard_error:
+        ``"raise"`` (default) or ``"skip"``: log (once per shard) and go on with the
+        next shard.
+    """
+
+    def __init__(self, urls: str | Iterable[str], *, shuffle_buffer: int = 1000, seed: int = 0,
+                 shuffle_shards: bool = True,
+                 decode: Callable[[dict[str, Any]], Any] | None = None,
+                 storage_options: dict[str, Any] | None = None,
+                 rank: int | None = None, world_size: int | None = None,
+                 timeout: float | None = 30.0, retries: int = 5, backoff: float = 0.2,
+                 block_size: int = 8 << 20, readahead: int = 2,
+                 on_shard_error: str = "raise") -> None:
+        super().__init__()
+        patterns = [urls] if isinstance(urls, str) else list(urls)
+        self.urls = [u for p in patterns for u in expand_braces(p)]
+        if not self.urls:
+            raise ValueError("no shards given")
+        if shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer!r}")
+        if block_size <= 0 or readahead < 1:
+            raise ValueError("block_size must be positive and readahead at least 1")
+        if on_shard_error not in ("raise", "skip"):
+            raise ValueError(f"on_shard_error must be 'raise' or 'skip', got {on_shard_error!r}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        if world_size is not None:
+            _check_rank(rank, world_size)  # type: ignore[arg-type]
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.shuffle_shards = shuffle_shards
+        self.decode = decode
+        self.rank, self.world_size = rank, world_size
+        self._loader_rank: tuple[int, int] | None = None  # from set_rank
+        self.block_size, self.readahead = block_size, readahead
+        self.on_shard_error = on_shard_error
+        self.epoch = 0
+        self._source_options = dict(storage_options=storage_options or {}, timeout=timeout,
+                                    retries=retries, backoff=backoff)
+        self._sources: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_sources"] = {}
+        return state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next pass's shard order and shuffle (like DistributedSampler)."""
+        self.epoch = int(epoch)
+
+    @property
+    def use_iter_raw(self) -> bool:
+        """Whether ``AsyncLoader`` may pull ``iter_raw()`` and call ``decode`` itself: not
+        in a subclass whose ``__iter__`` is its own (set ``use_iter_raw = True`` there
+        when it still yields ``map(decode, iter_raw())``)."""
+        return type(self).__iter__ is WebDatasetShards.__iter__
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Read rank ``rank``'s share of the shards out of ``world_size`` from the next pass on.
+
+        ``AsyncLoader`` calls this with its ``rank``/``world_size`` before each pass.
+        A ``rank``/``world_size`` given to the constructor takes precedence.
+        """
+        self._loader_rank = _check_rank(rank, world_size)
+
+    # -- which shards ---------------------------------------------------------------------
+    def shards_for(self, rank: int = 0, world_size: int = 1, worker: int = 0,
+                   num_workers: int = 1, epoch: int | None = None) -> list[str]:
+        """The shards one rank's worker reads in ``epoch`` (default: the current one)."""
+        order = list(self.urls)
+        if self.shuffle_shards:
+            random.Random(f"shards-{self.seed}-{self.epoch if epoch is None else epoch}").shuffle(order)
+        return order[rank::world_size][worker::num_workers]
+
+    def _placement(self) -> tuple[int, int, int, int]:
+        if self.world_size is not None:
+            rank, world = self.rank, self.world_size
+        elif self._loader_rank is not None:
+            rank, world = self._loader_rank
+        else:
+            rank, world = _default_rank()
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank, world, worker, workers  # type: ignore[return-value]
+
+    # -- reading --------------------------------------------------------------------------
+    def _source_for(self, url: str) -> Any:
+        from .._io.fsspec import FsspecSource
+        protocol = url.split("://", 1)[0].lower()
+        src = self._sources.get(protocol)
+        if src is None:
+            src = FsspecSource(url.rsplit("/", 1)[0], **self._source_options)
+            self._sources[protocol] = src
+        return src
+
+    def _open(self, url: str) -> io.IOBase:
+        if "://" not in url or url.startswith("file://"):
+            return open(url[len("file://"):] if url.startswith("file://") else url, "rb")
+        import fsspec.asyn
+        src = self._source_for(url)
+        info = asyncio.run_coroutine_threadsafe(src.info(url), fsspec.asyn.get_loop()).result()
+        size = info.get("size")
+        if not isinstance(size, int):  # no length known: one request for the whole shard
+            return io.BytesIO(src.read_sync(url))
+        return _RangeStream(src, url, size, self.block_size, self.readahead)
+
+    def iter_shard(self, url: str) -> Iterator[dict[str, Any]]:
+        """The raw samples of one shard, in order."""
+        with self._open(url) as f:
+            with tarfile.open(fileobj=f, mode="r|", bufsize=1 << 20) as tf:
+                def members() -> Iterator[tuple[str, bytes]]:
+                    for m in tf:
+                        if m.isfile():
+                            data = tf.extractfile(m)
+                            yield m.name, data.read() if data is not None else b""
+                yield from group_samples(members(), url)
+
+    def iter_raw(self) -> Iterator[dict[str, Any]]:
+        """The raw sample dicts of this pass, shuffled, before ``decode``."""
+        rank, world, worker, workers = self._placement()
+        shards = self.shards_for(rank, world, worker, workers)
+        rng = random.Random(f"samples-{self.seed}-{self.epoch}-{rank}-{worker}")
+        yield from _shuffled(self._samples(shards), self.shuffle_buffer, rng)
+
+    def _samples(self, shards: list[str]) -> Iterator[dict[str, Any]]:
+        for url in shards:
+            try:
+                yield from self.iter_shard(url)
+            except Exception as e:
+                if self.on_shard_error == "raise":
+                    raise
+                logger.warning("skipping the rest of shard %s: %s: %s", url, type(e).__name__, e)
+
+    def __iter__(self) -> Iterator[Any]:
+        # keep this map(decode, iter_raw()): AsyncLoader pulls iter_raw() and calls
+        # decode itself (asyncfeed._engine.iterable.split_decode)
+        if self.decode is None:
+            return self.iter_raw()
+        return map(self.decode, self.iter_raw())
+
+    def close(self) -> None:
+        """Close the connections of remote sources (they are reopened when needed)."""
+        for src in self._sources.values():
+            src.close()
+
+    def __repr__(self) -> str:
+        return (f"WebDatasetShards({len(self.urls)} shards, first={self.urls[0]!r}, "
+                f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
+
+
+def _shuffled(samples: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """A bounded shuffle: fill ``size`` samples, then emit a random one per new sample."""
+    if size <= 1:
+        yield from samples
+        return
+    buf: list[Any] = []
+    for s in samples:
+        if len(buf) < size:
+            buf.append(s)
+            continue
+        i = rng.randrange(size)
+        out, buf[i] = buf[i], s
+        yield out
+    rng.shuffle(buf)
+    yield from buf

@@ -1,0 +1,469 @@
+"""One pass over a map-style dataset: planned batches in, finished batches out.
+
+The consumer's thread pulls the index plan and submits whole batches while it
+holds fewer than ``prefetch`` of them (one, until the consumer has taken the
+first batch, unless reads run on the event loop).  Each sample is loaded either entirely in a decode thread
+(``__getitem__``, or ``read`` + ``decode``; a few rows per pool task), or
+fetched on the event loop (``async fetch``, ``io_concurrency`` at once) and then
+decoded in a decode thread.  Decoded samples go straight into their row of the
+batch's buffers (the ring path) or into a list that is collated when the batch
+is complete.  The thread that completes a batch assembles it, starts its copy
+to the device and marks it ready; errors are stored with the batch, never
+raised in a worker, and reach the consumer at that batch.
+
+The pipeline holds two of the loader's bound methods (its slot ring and host
+buffer pool) but not the user's iterator, so dropping the iterator still closes
+the pipeline (see ``_loader``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._memory.device import CopyStream, pin
+from .._errors import AsyncFeedError, LoaderClosedError, LoaderTimeout, SampleError
+from .layout import Layout, LayoutMismatch
+from .runtime import Runtime
+from .._memory.slots import Slot, SlotRing
+
+
+class LayoutHolder:
+    """The layout read off the first sample, shared by every epoch of a loader."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.layout: Layout | None = None
+        self.decided = not enabled
+        self._lock = threading.Lock()
+
+    def give_up(self) -> None:
+        """Samples do not share one shape: collate every batch from now on."""
+        self.layout = None
+        self.decided = True
+
+    def offer(self, sample: Any) -> None:
+        if self.decided:
+            return
+        with self._lock:
+            if not self.decided:
+                self.layout = Layout.infer(sample)
+                self.decided = True
+
+
+class Batch:
+    """A planned batch and everything its samples produced."""
+
+    __slots__ = ("k", "indices", "n", "mode", "bufs", "slot", "samples", "remaining",
+                 "done", "failures", "error", "output", "event", "good_samples_host",
+                 "mismatch", "layout", "views")
+
+    def __init__(self, k: int, indices: list[Any], mode: str) -> None:
+        self.k = k
+        self.indices = indices
+        self.n = len(indices)
+        self.mode = mode                  # "ring" | "collate" | "batch"
+        self.bufs: list[Any] | None = None
+        self.slot: Slot | None = None
+        self.samples: list[Any] = [None] * self.n
+        self.remaining = self.n
+        self.done = bytearray(self.n)
+        # (row, index, error); the error is dropped (None) once the consumer recorded it
+        self.failures: list[tuple[int, Any, BaseException | None]] = []
+        self.error: BaseException | None = None   # a batch-level error (collate_fn...)
+        self.output: Any = None
+        self.event: Any = None
+        self.good_samples_host: list[tuple[Any, Any]] = []
+        self.mismatch = False
+        self.layout: Layout | None = None
+        self.views: list[Any] | None = None   # NumPy views of bufs, for write_row
+
+    def pending(self) -> list[Any]:
+        return [i for r, i in enumerate(self.indices) if not self.done[r]]
+
+
+_NO_RAW = object()
+
+
+class Pipeline:
+    """Shared state of one epoch, used by the consumer thread, the event loop and
+    the decode threads."""
+
+    def __init__(self, *, dataset: Any, plan: Iterator[Any], auto_collation: bool,
+                 collate: Callable[[list[Any]], Any], default_collate: bool,
+                 layouts: LayoutHolder, runtime: Runtime, prefetch: int,
+                 io_concurrency: int, use_fetch: bool, copy: CopyStream | None,
+                 pin_host: bool, ring: Callable[[Layout, int], SlotRing | None],
+                 batch_size: int | None,
+                 host_bufs: Callable[[Layout, int], list[Any]]) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.auto_collation = auto_collation
+        self.collate = collate
+        self.layouts = layouts
+        self.runtime = runtime
+        self.prefetch = prefetch
+        self.io_concurrency = io_concurrency
+        self.use_fetch = use_fetch
+        self.copy = copy
+        self.pin_host = pin_host
+        self.get_ring = ring
+        self.host_bufs = host_bufs
+        self.batch_size = batch_size
+        self.use_getitems = bool(getattr(dataset, "__getitems__", None)) and auto_collation
+        self.ring_ok = default_collate and auto_collation and not self.use_getitems
+        self.has_read = callable(getattr(dataset, "read", None)) and \
+            callable(getattr(dataset, "decode", None))
+        self.has_decode_into = callable(getattr(dataset, "decode_into", None))
+        self.cond = threading.Condition()
+        self.ready: dict[int, Batch] = {}
+        self.submitted = 0          # batches submitted so far (= next k)
+        self.taken = 0              # batches handed to the consumer
+        self.exhausted = False      # the plan has no more batches
+        self.stopping = False
+        self.sizes: list[int] = []  # planned size of every submitted batch
+        self._tracked: dict[int, Batch] = {}   # submitted, not yet ready
+        self._fetch_queue: asyncio.Queue | None = None
+        self._fetch_workers: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------------ consumer
+    def _ahead(self) -> int:
+        """How many batches may be outstanding now.
+
+        One until the consumer has taken the pass's first batch: that batch gets
+        every thread (no later batch competes with its last samples for the
+        cores), and by then its samples have shown whether batches can be
+        written in place, so the batches after it are.  With reads on the event
+        loop, latency matters more than cores: every batch's reads start at once
+        (those planned before the layout was known are collated into buffers).
+        """
+        return self.prefetch if self.taken > 0 or self.use_fetch else 1
+
+    def _room(self) -> bool:
+        return not self.exhausted and self.submitted - self.taken < self._ahead()
+
+    def top_up(self) -> None:
+        """Submit planned batches until enough are outstanding (consumer thread)."""
+        while self._room():
+            try:
+                item = next(self.plan)
+            except StopIteration:
+                with self.cond:
+                    self.exhausted = True
+                    self.cond.notify_all()
+                return
+            indices = list(item) if self.auto_collation else [item]
+            self._submit(Batch(self.submitted, indices, self._mode_for(len(indices))))
+
+    def _mode_for(self, n: int) -> str:
+        if self.use_getitems:
+            return "batch"
+        if self.ring_ok and self.layouts.layout is not None:
+            return "ring"
+        return "collate"
+
+    def _submit(self, b: Batch) -> None:
+        if b.mode == "ring":
+            b.layout = self.layouts.layout
+            ring = self.get_ring(b.layout, b.n) if self.copy is not None else None
+            if ring is not None:
+                b.slot = ring.acquire()
+                b.bufs = b.slot.bufs
+            # host buffers are taken when the batch's first row is written (_rows_of):
+            # by then the consumer has usually dropped an older batch, whose buffers
+            # the pool then hands out again, so one set fewer is in use
+            if b.bufs is not None:
+                b.views = b.layout.numpy_views(b.bufs)
+        self.sizes.append(b.n)
+        self.submitted += 1
+        with self.cond:
+            self._tracked[b.k] = b
+        if b.n == 0:
+            self._finish(b)
+        elif b.mode == "batch":
+            self._submit_task(self._run_getitems, b)
+        elif self.use_fetch:
+            if not self.runtime.call_in_loop(self._enqueue_fetches, b):
+                self._abandon(b)
+        else:
+            # a few rows per task: a pool task costs ~20 us of Python, the threads
+            # still share every batch evenly
+            step = max(1, b.n // (4 * self.runtime.num_threads))
+            for lo in range(0, b.n, step):
+                if self.runtime.submit(self._run_rows, b, lo, min(lo + step, b.n)) is None:
+                    self._abandon(b)
+                    return
+
+    def _submit_task(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.runtime.submit(fn, *args) is None:
+            self._abandon(args[0])
+
+    def _abandon(self, b: Batch) -> None:
+        b.error = b.error or AsyncFeedError("the loader was closed")
+        self._mark_ready(b)
+
+    def wait(self, k: int | None, timeout: float | None) -> Batch | None:
+        """The batch ``k`` (or, with ``k=None``, the oldest ready one) once ready;
+        None when the epoch has no more batches.  Raises LoaderTimeout."""
+        deadline = None if not timeout else time.monotonic() + timeout
+        with self.cond:
+            while True:
+                if k is not None:
+                    if k in self.ready:
+                        return self.ready.pop(k)
+                elif self.ready:
+                    return self.ready.pop(min(self.ready))
+                if self.taken >= self.submitted and self.exhausted:
+                    return None
+                if self.stopping:
+                    raise LoaderClosedError("the loader was closed while waiting for a batch")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise LoaderTimeout(self._timeout_message(k, timeout))
+                self.cond.wait(remaining if remaining is not None else 1.0)
+
+    def _timeout_message(self, k: int | None, timeout: float | None) -> str:
+        waiting = [f"batch {b.k} waits for samples {b.pending()[:8]}" for b in self._inflight]
+        return (f"no batch arrived within timeout={timeout}s"
+                + (f" (waiting for batch {k})" if k is not None else "")
+                + ("; " + "; ".join(waiting[:3]) if waiting else ""))
+
+    def release(self, b: Batch) -> None:
+        """The consumer took ``b``: its credit (and slot) can be used again."""
+        self.taken += 1
+        if b.slot is not None:
+            b.slot.event = b.event
+            ring = self.get_ring(b.layout, b.n)
+            if ring is not None:
+                ring.release(b.slot)
+            b.slot = None
+
+    def unstarted(self) -> int:
+        """Outstanding batches that have not taken their host buffers yet."""
+        with self.cond:
+            return sum(1 for b in self._tracked.values()
+                       if b.mode == "ring" and b.bufs is None and b.n)
+
+    @property
+    def _inflight(self) -> list[Batch]:
+        return sorted(self._tracked.values(), key=lambda b: b.k)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------- event loop
+    def _enqueue_fetches(self, b: Batch) -> None:
+        if self.stopping or self.runtime.closed:
+            return  # the pass is over: start no new fetch workers
+        if self._fetch_queue is None:
+            self._fetch_queue = asyncio.Queue()
+            n = max(1, self.io_concurrency)
+            self._fetch_workers = [asyncio.ensure_future(self._fetch_worker())
+                                   for _ in range(n)]
+        q = self._fetch_queue
+        for row, idx in enumerate(b.indices):
+            q.put_nowait((b, row, idx))
+
+    async def _fetch_worker(self) -> None:
+        """Fetch queued samples until the pass ends (the loop cancels the worker).
+
+        Cancellation ends the worker by returning, not raising: a task that ends
+        with an exception keeps it, and the exception's traceback holds this
+        pipeline (and its batches) in a reference cycle until a garbage collection.
+        """
+        q = self._fetch_queue
+        assert q is not None
+        try:
+            while True:
+                item = await q.get()
+                await self._fetch_one(*item)
+                del item  # an idle worker must not keep its last batch alive
+        except asyncio.CancelledError:
+            return
+
+    async def _fetch_one(self, b: Batch, row: int, idx: Any) -> None:
+        if self.stopping:
+            return
+        try:
+            raw = await self.dataset.fetch(idx)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - travels to the consumer
+            self._note_failure(b, row, idx, e)
+        else:
+            if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
+                self._failed(b, row, idx, AsyncFeedError("the loader was closed"))
+            return
+        self._one_done(b, row)  # outside the handler (see _run_sample)
+
+    # ---------------------------------------------------------- decode threads
+    def _load(self, b: Batch, row: int, idx: Any, raw: Any) -> Any:
+        ds = self.dataset
+        out = None
+        if b.mode == "ring" and self.has_decode_into:
+            out = b.layout.row_out(self._rows_of(b), row)
+        if raw is _NO_RAW:
+            if not self.has_read:
+                return ds[idx]
+            raw = ds.read(idx)
+        if out is not None:
+            return ds.decode_into(raw, idx, out)
+        return ds.decode(raw, idx)
+
+    def _run_sample(self, b: Batch, row: int, idx: Any, raw: Any) -> None:
+        if self.stopping:
+            return
+        try:
+            self._place(b, row, idx, raw)
+        except BaseException as e:  # noqa: BLE001 - travels to the consumer
+            self._note_failure(b, row, idx, e)
+        # reported done only here, once the sample's locals are gone: this thread may
+        # wait a while for the GIL after handing the batch over, and must not hold its
+        # decoded row (a view of the batch's buffer) or an exception (whose traceback
+        # holds that row) meanwhile
+        self._one_done(b, row)
+
+    def _place(self, b: Batch, row: int, idx: Any, raw: Any) -> None:
+        """Load sample ``row`` of ``b`` and put it in its row (ring) or ``b.samples``."""
+        sample = self._load(b, row, idx, raw)
+        del raw
+        if b.mode == "ring":
+            b.samples[row] = sample   # kept in case the batch must be collated instead
+            try:
+                b.layout.write_row(self._rows_of(b), row, sample, b.views)
+            except LayoutMismatch:
+                # shapes vary: collate this batch like DataLoader, and stop using rows
+                b.mismatch = True
+                self.layouts.give_up()
+        else:
+            b.samples[row] = sample
+            if not self.layouts.decided:
+                self.layouts.offer(sample)
+
+    def _rows_of(self, b: Batch) -> list[Any]:
+        """The batch's buffers, taken from the host pool on first use (any thread)."""
+        if b.bufs is None:
+            with self.cond:
+                if b.bufs is None:
+                    bufs = self.host_bufs(b.layout, b.n)
+                    b.views = b.layout.numpy_views(bufs)
+                    b.bufs = bufs
+        return b.bufs
+
+    def _run_rows(self, b: Batch, lo: int, hi: int) -> None:
+        for row in range(lo, hi):
+            self._run_sample(b, row, b.indices[row], _NO_RAW)
+
+    def _note_failure(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
+        with self.cond:
+            b.failures.append((row, idx, e))
+
+    def _failed(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
+        self._note_failure(b, row, idx, e)
+        self._one_done(b, row)
+
+    def _one_done(self, b: Batch, row: int) -> None:
+        with self.cond:
+            b.done[row] = 1
+            b.remaining -= 1
+            last = b.remaining == 0
+        if last:
+            self._finish(b)
+
+    def _run_getitems(self, b: Batch) -> None:
+        if self.stopping:
+            return
+        try:
+            b.samples = self.dataset.__getitems__(b.indices)  # handed to collate_fn as is
+        except BaseException as e:  # noqa: BLE001
+            b.error = e
+        b.done[:] = b"\x01" * b.n
+        b.remaining = 0
+        self._finish(b)
+
+    def _finish(self, b: Batch) -> None:
+        """Assemble the batch and start its copy (in the thread that completed it)."""
+        try:
+            if b.n == 0:
+                pass  # a batch a resumed checkpoint had already taken
+            elif b.error is None and not b.failures:
+                if b.mode == "ring" and not b.mismatch:
+                    host = b.layout.assemble(b.bufs, b.n)
+                    b.samples = [None] * b.n  # rows hold the data now
+                    b.views = None
+                else:
+                    host = self._collate_late(b)
+                b.output, b.event = self.to_target(host)
+        except BaseException as e:  # noqa: BLE001
+            b.error = e
+        self._mark_ready(b)
+
+    def _collate_late(self, b: Batch) -> Any:
+        """Collate a batch submitted before the layout was known: into reused host
+        buffers when the samples fit it (NumPy copies, bit-identical to
+        ``default_collate``), else with the collate function."""
+        layout = self.layouts.layout
+        if b.mode == "collate" and self.ring_ok and layout is not None:
+            bufs = self.host_bufs(layout, b.n)
+            views = layout.numpy_views(bufs)
+            try:
+                for row, sample in enumerate(b.samples):
+                    layout.write_row(bufs, row, sample, views)
+            except LayoutMismatch:
+                pass
+            else:
+                return layout.assemble(bufs, b.n)
+        return self.collate(b.samples)
+
+    def _mark_ready(self, b: Batch) -> None:
+        with self.cond:
+            self._tracked.pop(b.k, None)
+            self.ready[b.k] = b
+            self.cond.notify_all()
+
+    def to_target(self, host: Any) -> tuple[Any, Any]:
+        """Pin or start the device copy of a host batch; returns (batch, event)."""
+        if self.copy is not None:
+            return self.copy.to_device(pin(host) if self.pin_host else host)
+        if self.pin_host:
+            return pin(host), None
+        return host, None
+
+    # --------------------------------------------------------------- skipping
+    def good_samples(self, b: Batch) -> list[tuple[Any, Any]]:
+        """(index, host sample) of every sample of ``b`` that loaded, in batch order."""
+        failed = {r for r, _, _ in b.failures}
+        out = []
+        for r, idx in enumerate(b.indices):
+            if r in failed:
+                continue
+            if b.mode == "ring" and not b.mismatch:
+                out.append((idx, b.layout.row_sample(b.bufs, r)))
+            else:
+                out.append((idx, b.samples[r]))
+        return out
+
+
+def sample_error(dataset: Any, idx: Any, e: BaseException, batch: int | None) -> SampleError:
+    """``e`` as a SampleError naming the sample (an existing SampleError gets the batch)."""
+    if isinstance(e, SampleError):
+        if e.batch is None:
+            e.batch = batch
+            e.args = (str(SampleError(e.index, e.source, e.cause, batch)),)
+        return e
+    source = None
+    describe = getattr(dataset, "sample_source", None)
+    if callable(describe):
+        try:
+            source = describe(idx)
+        except Exception:  # noqa: BLE001 - a name is a courtesy, not a requirement
+            source = None
+    err = SampleError(idx, source, e, batch)
+    err.__cause__ = e
+    return err
+

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: real JPEGs, real servers, the DataLoader oracle."""

@@ -1,0 +1,61 @@
+"""Small datasets and helpers shared by the engine tests."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from asyncfeed import AsyncLoader
+
+
+class Ids(Dataset):
+    def __init__(self, n: int = 97, bad: tuple[int, ...] = ()) -> None:
+        self.n, self.bad = n, set(bad)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i in self.bad:
+            raise ValueError(f"bad {i}")
+        return torch.full((2,), i), i
+
+
+def ids(batch) -> list[int]:
+    return batch[1].tolist()
+
+
+def make(kw: dict, **extra) -> AsyncLoader:
+    kw = dict(kw)
+    bad = kw.pop("bad", ())
+    if "generator" in kw:
+        kw["generator"] = torch.Generator().manual_seed(kw["generator"])
+    return AsyncLoader(Ids(97, bad), batch_size=8, **kw, **extra)
+
+
+def chunks(xs: list, n: int, drop_last: bool = False) -> list[list]:
+    out = [xs[i:i + n] for i in range(0, len(xs), n)]
+    if drop_last and out and len(out[-1]) < n:
+        out.pop()
+    return out
+
+
+def next_or_error(it):
+    """``next(it)``, or the exception it raised (StopIteration returned as such)."""
+    try:
+        return next(it)
+    except BaseException as e:  # noqa: BLE001
+        return e
+
+
+def _drain(it) -> list:
+    """Every batch or error, DataLoader-style, until StopIteration."""
+    out = []
+    while True:
+        x = next_or_error(it)
+        if isinstance(x, StopIteration):
+            return out
+        out.append(x)
+
+
+drain = _drain
