@@ -131,9 +131,35 @@ def _prepare_data(args: argparse.Namespace, images: int, samples: int, scratch: 
     return info
 
 
+def _workloads(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--workloads``, else all (a-d with ``--data``: e would list the whole tree over HTTP)."""
+    return tuple(args.workloads or (("a", "b", "c", "d") if args.data
+                                    else ("a", "b", "c", "d", "e")))
+
+
+def _missing_tools(args: argparse.Namespace) -> str | None:
+    """Why the bench cannot run here (a package of the ``[bench]`` extra is missing), or None."""
+    from .._optional import require
+    needs = ["psutil", "tqdm"]
+    if not args.no_plot and args.plot:
+        needs.append("matplotlib")
+    if "e" in _workloads(args):
+        needs += ["fsspec", "aiohttp"]  # workload e: an HTTP server and remote reads
+    for mod in needs:
+        try:
+            require(mod, "asyncfeed bench", extra="bench")
+        except ModuleNotFoundError as e:
+            return str(e)
+    return None
+
+
 def bench(args: argparse.Namespace) -> int:
     import tempfile
 
+    missing = _missing_tools(args)
+    if missing:
+        print(f"asyncfeed bench: {missing}", file=sys.stderr)
+        return 2
     from tqdm import tqdm
 
     from . import report
@@ -162,8 +188,7 @@ def bench(args: argparse.Namespace) -> int:
         settings = Settings(
             root=data["root"], synthetic=data["synthetic"], listing=data["listing"],
             size=args.size, batch_size=batch,
-            workloads=tuple(args.workloads or (("a", "b", "c", "d") if args.data
-                                               else ("a", "b", "c", "d", "e"))),
+            workloads=_workloads(args),
             samples_remote=samples if quick else max(batch, samples * 2 // 5),
             latency=args.latency,
             families=tuple(args.contenders), repeats=args.repeats or (1 if quick else 3),

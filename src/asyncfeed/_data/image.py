@@ -12,16 +12,29 @@ from __future__ import annotations
 
 import io
 import numbers
+from types import ModuleType
 from typing import Literal
 
-import cv2
 import numpy as np
 import simplejpeg
-from PIL import Image, UnidentifiedImageError
 
 Interpolation = Literal["area", "linear"]
 
-cv2.setNumThreads(1)  # parallelism comes from the loader's threads, not from OpenCV's own pool
+_cv2: ModuleType | None = None
+
+
+def _opencv() -> ModuleType:
+    """OpenCV, imported on first use: it is the costliest import of ``import asyncfeed``
+    otherwise (~15-30 ms and ~4,000 objects here), and a loader with ``size=None``
+    never needs it.  Racing threads both import it (Python's import lock serialises
+    that) and both set the thread count: harmless."""
+    global _cv2
+    if _cv2 is None:
+        import cv2
+        cv2.setNumThreads(1)  # parallelism comes from the loader's threads, not OpenCV's pool
+        _cv2 = cv2
+    return _cv2
+
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -49,6 +62,7 @@ def decode_rgb(raw: bytes, min_side: int | None = None) -> np.ndarray:
 
 
 def _decode_pillow(raw: bytes, min_side: int | None) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError  # imported on first use: only odd files
     try:
         im = Image.open(io.BytesIO(raw))
     except UnidentifiedImageError:
@@ -84,6 +98,7 @@ def resize_center_crop(rgb: np.ndarray, size: int, out: np.ndarray | None = None
     nh, nw = resized_shape(h, w, size)
     if (nh, nw) != (h, w):
         shrink = nh < h
+        cv2 = _opencv()
         flag = cv2.INTER_AREA if (shrink and interpolation == "area") else cv2.INTER_LINEAR
         rgb = cv2.resize(rgb, (nw, nh), interpolation=flag)
     top, left = (nh - size) // 2, (nw - size) // 2
@@ -104,7 +119,7 @@ def hwc_to_chw(hwc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if c > 1 and hwc.dtype == np.uint8 and out.dtype == np.uint8 \
             and out.shape == (c, h, w) and out.flags.c_contiguous:
         planes = [out[k] for k in range(c)]
-        got = cv2.split(hwc, planes)
+        got = _opencv().split(hwc, planes)
         if all(g is p for g, p in zip(got, planes)):
             return out
     np.copyto(out, hwc.transpose(2, 0, 1))

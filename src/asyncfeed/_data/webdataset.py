@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from .._optional import require
 from .image import Interpolation, decode_image
 
 __all__ = ["ImageLabelDecoder", "WebDatasetShards", "expand_braces", "group_samples"]
@@ -121,8 +122,8 @@ class _RangeStream(io.RawIOBase):
 
     def __init__(self, source: Any, url: str, size: int, block_size: int, readahead: int) -> None:
         super().__init__()
-        import fsspec.asyn
-        self._loop = fsspec.asyn.get_loop()
+        asyn = require("fsspec.asyn", "reading remote shards")
+        self._loop = asyn.get_loop()
         self._source, self._url, self._size = source, url, size
         self._block, self._ahead = block_size, max(1, readahead)
         self._next = 0
@@ -334,9 +335,9 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
     def _open(self, url: str) -> io.IOBase:
         if "://" not in url or url.startswith("file://"):
             return open(url[len("file://"):] if url.startswith("file://") else url, "rb")
-        import fsspec.asyn
+        asyn = require("fsspec.asyn", "reading remote shards")
         src = self._source_for(url)
-        info = asyncio.run_coroutine_threadsafe(src.info(url), fsspec.asyn.get_loop()).result()
+        info = asyncio.run_coroutine_threadsafe(src.info(url), asyn.get_loop()).result()
         size = info.get("size")
         if not isinstance(size, int):  # no length known: one request for the whole shard
             return io.BytesIO(src.read_sync(url))

@@ -17,10 +17,6 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-try:
-    import uvloop
-except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-    uvloop = None
 
 def _find_omp_set_num_threads() -> Callable[[int], None] | None:
     """The loaded OpenMP runtime's ``omp_set_num_threads``, when torch parallelises
@@ -85,8 +81,13 @@ else:  # pragma: no cover
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop where installed, else asyncio's."""
-    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+    """uvloop's loop where installed, else asyncio's.  uvloop is imported here, on the
+    first pass that needs a loop, not by ``import asyncfeed``."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 class Runtime:

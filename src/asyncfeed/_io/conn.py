@@ -24,7 +24,9 @@ import functools
 import logging
 from typing import Any, Awaitable, Callable
 
-import fsspec
+from .._optional import require
+
+fsspec = require("fsspec", "a remote root (s3://, http://, ...)")
 
 __all__ = ["LoopConn", "close_conn_soon", "open_conn"]
 
@@ -33,7 +35,7 @@ logger = logging.getLogger("asyncfeed.remote")
 
 async def _http_client(limit: int, **kwargs: Any):
     """aiohttp session for fsspec's HTTPFileSystem with a connection pool of ``limit``."""
-    import aiohttp
+    aiohttp = require("aiohttp", "reading http:// roots")
     kwargs.pop("loop", None)
     if "connector" not in kwargs:
         kwargs["connector"] = aiohttp.TCPConnector(limit=limit, limit_per_host=0,

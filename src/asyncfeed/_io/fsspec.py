@@ -31,15 +31,20 @@ import weakref
 from typing import Any, Awaitable, Callable
 from urllib.parse import unquote
 
-import fsspec
-import fsspec.asyn
-
+from .._optional import require
 from .cache import DiskCache, MemoryCache
 from .conn import LoopConn, close_conn_soon, open_conn
 from .remote_errors import (RemoteReadError, RemoteTimeoutError, SizeMismatch, classify,
                              status_and_code)
 
 __all__ = ["FsspecSource", "RemoteReadError", "RemoteTimeoutError"]
+
+_FEATURE = "a remote root (s3://, http://, ...)"
+fsspec = require("fsspec", _FEATURE)
+require("fsspec.asyn", _FEATURE)  # fsspec.asyn: fsspec's I/O loop, used by read_sync
+
+#: the package fsspec needs for a protocol, where one of asyncfeed's extras installs it
+_BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "http": "aiohttp", "https": "aiohttp"}
 
 
 _SOURCES: weakref.WeakSet[FsspecSource] = weakref.WeakSet()
@@ -121,6 +126,8 @@ class FsspecSource:
         if cache not in (None, "memory"):
             raise ValueError(f"cache must be None or 'memory', got {cache!r}")
         self.protocol = root.split("://", 1)[0].lower()
+        if self.protocol in _BACKENDS:
+            require(_BACKENDS[self.protocol], f"reading {self.protocol}:// roots")
         fs_cls = fsspec.get_filesystem_class(self.protocol)  # ValueError for unknown protocols
         self.root = root.rstrip("/")
         self._root_key = fs_cls._strip_protocol(self.root).rstrip("/")

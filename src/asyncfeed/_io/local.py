@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-import aiofiles
-
 
 class LocalSource:
     """Files under a local directory.
@@ -46,6 +44,7 @@ class LocalSource:
             return f.read()
 
     async def read(self, path: str) -> bytes:
+        import aiofiles  # on first use (io="async"): not needed by ``import asyncfeed``
         async with aiofiles.open(path, "rb") as f:
             return await f.read()
 
