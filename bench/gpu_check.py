@@ -752,7 +752,8 @@ class GpuUtilSampler:
     """GPU utilisation (pynvml) sampled every ``interval`` s in a background thread."""
 
     def __init__(self, dev: torch.device, interval: float = 0.1) -> None:
-        import pynvml
+        from asyncfeed._optional import require
+        pynvml = require("pynvml", "GPU utilisation sampling")
         self._nvml = pynvml
         pynvml.nvmlInit()
         self.handle = None
