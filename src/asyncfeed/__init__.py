@@ -3,32 +3,65 @@
 An asyncio I/O layer keeps many reads in flight, a thread pool decodes with
 GIL-releasing decoders, decoded samples land in preallocated batch slots, and a
 dedicated CUDA copy stream moves them to the GPU while the model computes.
+
+What you can plug in (datasets' optional methods, storage sources, decoders,
+the device transfer) is written down as protocols in :mod:`asyncfeed.protocols`;
+``docs/extending.md`` shows how.
 """
 
+from typing import Any as _Any
+
+from . import protocols
+from ._data.decoder import ImageDecoder
 from ._data.folder import IMG_EXTENSIONS, ImageFolder
 from ._data.image import decode_image
 from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
 from ._engine.loader import AsyncLoader
 from ._engine.stats import LoaderStats, SkippedSample
-from ._errors import AsyncFeedError, LoaderClosedError, LoaderTimeout, SampleError, StateError
-from ._io.remote_errors import RemoteReadError, RemoteTimeoutError
+from ._errors import (AsyncFeedError, LoaderClosedError, LoaderTimeout, RemoteReadError,
+                      RemoteTimeoutError, SampleError, StateError)
+from ._io.local import LocalSource
+from ._memory.device import CopyStream
+from .protocols import Decoder, DecoderInto, DeviceTransfer, Source
 
 __version__ = "0.1.0"
+
+# public names whose modules are imported on first use (they pull optional packages)
+_LAZY = {"FsspecSource": "._io.fsspec"}
 
 __all__ = [
     "AsyncFeedError",
     "AsyncLoader",
+    "CopyStream",
+    "Decoder",
+    "DecoderInto",
+    "DeviceTransfer",
+    "FsspecSource",
     "IMG_EXTENSIONS",
+    "ImageDecoder",
     "ImageFolder",
     "ImageLabelDecoder",
     "LoaderClosedError",
     "LoaderStats",
     "LoaderTimeout",
+    "LocalSource",
     "RemoteReadError",
     "RemoteTimeoutError",
     "SampleError",
     "SkippedSample",
+    "Source",
     "StateError",
     "WebDatasetShards",
     "decode_image",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'asyncfeed' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

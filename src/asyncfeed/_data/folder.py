@@ -1,15 +1,19 @@
-"""``ImageFolder``: torchvision's folder layout, decoded to fixed-size uint8 tensors."""
+"""``ImageFolder``: torchvision's folder layout over any :class:`~asyncfeed.protocols.Source`,
+decoded by any :class:`~asyncfeed.protocols.Decoder` (fixed-size uint8 tensors by default)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from .._errors import SampleError
-from .image import Interpolation, check_interpolation, check_size, decode_image
 from .._io.local import LocalSource
+from ..protocols import Decoder, DecoderInto, Source
+from .decoder import ImageDecoder
+from .image import Interpolation, check_interpolation, check_size
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -40,25 +44,51 @@ class ImageFolder:
     in flight on its event loop (cold disks, network mounts, object stores);
     ``"auto"`` picks ``"thread"`` for local directories and ``"async"`` for URLs.
 
+    ``source`` replaces where files are listed and read (any
+    :class:`~asyncfeed.protocols.Source`; by default a local directory, or
+    :class:`~asyncfeed.FsspecSource` for a URL root, given ``**source_options``).
+    ``decoder`` replaces how a file's bytes become the image (any
+    :class:`~asyncfeed.protocols.Decoder`; by default
+    ``ImageDecoder(size, interpolation)``; ``size`` and ``interpolation`` then
+    belong to your decoder).  A decoder that also fits
+    :class:`~asyncfeed.protocols.DecoderInto` writes straight into batch rows.
+    See ``docs/extending.md``.
+
     Errors are raised as :class:`asyncfeed.SampleError` naming the index and path.
     """
 
     def __init__(self, root: str | os.PathLike[str], size: int | None = 224, *,
                  extensions: tuple[str, ...] = IMG_EXTENSIONS,
                  interpolation: Interpolation = "area", io: IOMode = "auto",
-                 source: Any = None, **source_options: Any) -> None:
+                 source: Source | None = None, decoder: Decoder | None = None,
+                 **source_options: Any) -> None:
         check_size(size)
         check_interpolation(interpolation)
         if io not in ("auto", "thread", "async"):
             raise ValueError(f"io must be 'auto', 'thread' or 'async', got {io!r}")
         self.root = os.fspath(root)
-        self.size = None if size is None else int(size)
+        if decoder is None:
+            decoder = ImageDecoder(size, interpolation)
+        elif size != 224 or interpolation != "area":
+            raise TypeError("size and interpolation configure the default decoder; with "
+                            "decoder=, give them to your decoder")
+        elif not callable(decoder):
+            raise TypeError(f"decoder must be callable (a Decoder), got {decoder!r}")
+        self.decoder = decoder
+        self._decode_into = decoder.decode_into if isinstance(decoder, DecoderInto) else None
+        # the default decoder's settings (None with a decoder of your own)
+        self.size = decoder.size if isinstance(decoder, ImageDecoder) else None
         self.interpolation: Interpolation = interpolation
         self.extensions = tuple(e.lower() for e in extensions)
         if source is None:
             source = self._open_source(self.root, source_options)
         elif source_options:
             raise TypeError(f"unexpected options with an explicit source: {sorted(source_options)}")
+        elif not isinstance(source, Source):
+            missing = [m for m in ("is_local", "list_dirs", "list_files", "read_sync", "read",
+                                   "close_io") if not hasattr(source, m)]
+            raise TypeError(f"source {source!r} is not a Source (asyncfeed.protocols.Source): "
+                            f"it lacks {', '.join(missing)}")
         self._source = source
         self.io: IOMode = io if io != "auto" else ("thread" if source.is_local else "async")
         self.classes: list[str] = source.list_dirs()
@@ -80,7 +110,7 @@ class ImageFolder:
         self.targets = [t for _, t in samples]
 
     @staticmethod
-    def _open_source(root: str, options: dict[str, Any]) -> Any:
+    def _open_source(root: str, options: dict[str, Any]) -> Source:
         if _is_url(root):
             from .._io.fsspec import FsspecSource  # optional layer, imported on demand
             return FsspecSource(root, **options)
@@ -100,10 +130,15 @@ class ImageFolder:
         path, label = self.samples[index]
         try:
             raw = self._source.read_sync(path)
-            img = decode_image(raw, self.size, interpolation=self.interpolation)
+            img = self._image(self.decoder(raw))
         except Exception as e:
             raise SampleError(index, path, e) from e
-        return torch.from_numpy(img), label
+        return img, label
+
+    @staticmethod
+    def _image(img: Any) -> Any:
+        """A decoder's NumPy array as a tensor (anything else as it is)."""
+        return torch.from_numpy(img) if isinstance(img, np.ndarray) else img
 
     # -- the split path (AsyncLoader) ----------------------------------------------
     @property
@@ -130,23 +165,26 @@ class ImageFolder:
     def decode(self, raw: bytes, index: int) -> tuple[torch.Tensor, int]:
         """Decode what ``fetch`` returned into the sample ``__getitem__`` would give."""
         try:
-            img = decode_image(raw, self.size, interpolation=self.interpolation)
+            img = self._image(self.decoder(raw))
         except Exception as e:
             raise SampleError(index, self.samples[index][0], e) from e
-        return torch.from_numpy(img), self.samples[index][1]
+        return img, self.samples[index][1]
 
     def decode_into(self, raw: bytes, index: int, out: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Decode straight into ``out`` (a ``[3, size, size]`` uint8 row of a batch slot).
+        """Decode straight into ``out`` (e.g. a ``[3, size, size]`` uint8 row of a batch slot).
 
         Returns the sample with ``out`` itself as the image, so the loader knows
-        the pixels are already in place.
+        the pixels are already in place; when the decoder cannot write into
+        ``out`` (another shape, or no ``decode_into``), the sample ``decode`` gives.
         """
-        if self.size is None or tuple(out.shape) != (3, self.size, self.size):
+        if self._decode_into is None:
             return self.decode(raw, index)
         try:
-            decode_image(raw, self.size, out=out.numpy(), interpolation=self.interpolation)
+            written = self._decode_into(raw, out)
         except Exception as e:
             raise SampleError(index, self.samples[index][0], e) from e
+        if not written:
+            return self.decode(raw, index)
         return out, self.samples[index][1]
 
     async def close_io(self) -> None:
@@ -154,5 +192,5 @@ class ImageFolder:
         await self._source.close_io()
 
     def __repr__(self) -> str:
-        return (f"ImageFolder(root={self.root!r}, size={self.size}, samples={len(self)}, "
-                f"classes={len(self.classes)}, io={self.io!r})")
+        return (f"ImageFolder(root={self.root!r}, decoder={self.decoder!r}, "
+                f"samples={len(self)}, classes={len(self.classes)}, io={self.io!r})")

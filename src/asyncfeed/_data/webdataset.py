@@ -21,12 +21,13 @@ Samples go through a shuffle buffer of ``shuffle_buffer`` samples whose random
 choices come from ``seed``, the epoch, the rank and the worker: the same settings
 give the same sample order, run after run.
 
-The work is split for :class:`~asyncfeed.AsyncLoader` (see ``_iterable``):
-``iter_raw()`` (reading and parsing the tar stream, shuffling) is the sequential
-part, pulled by one thread at a time, and ``decode(sample)`` (image decoding) the
-parallel part, run in the loader's decode threads.  ``iter(dataset)`` is
-``map(decode, iter_raw())``.  The loader also tells the dataset its rank and
-world size with ``set_rank``.
+The work is split for :class:`~asyncfeed.AsyncLoader`
+(:class:`asyncfeed.protocols.SplitIterableDataset`): ``iter_raw()`` (reading and
+parsing the tar stream, shuffling) is the sequential part, pulled by one thread
+at a time, and ``decode(sample, index)`` (the ``decode=`` callable: image
+decoding) the parallel part, run in the loader's decode threads.
+``iter(dataset)`` is ``map(decoder, iter_raw())``.  The loader also tells the
+dataset its rank and world size with ``set_rank``.
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.shuffle_shards = shuffle_shards
-        self.decode = decode
+        self.decoder = decode
         self.rank, self.world_size = rank, world_size
         self._loader_rank: tuple[int, int] | None = None  # from set_rank
         self.block_size, self.readahead = block_size, readahead
@@ -289,10 +290,16 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
 
     @property
     def use_iter_raw(self) -> bool:
-        """Whether ``AsyncLoader`` may pull ``iter_raw()`` and call ``decode`` itself: not
-        in a subclass whose ``__iter__`` is its own (set ``use_iter_raw = True`` there
-        when it still yields ``map(decode, iter_raw())``)."""
-        return type(self).__iter__ is WebDatasetShards.__iter__
+        """Whether ``AsyncLoader`` may pull ``iter_raw()`` and call ``decode`` itself: when
+        there is a ``decode=`` callable, and not in a subclass whose ``__iter__`` is its
+        own (set ``use_iter_raw = True`` there when it still yields
+        ``map(decoder, iter_raw())``)."""
+        return self.decoder is not None and type(self).__iter__ is WebDatasetShards.__iter__
+
+    def decode(self, raw: dict[str, Any], index: int | None = None) -> Any:
+        """One raw sample dict through the ``decode=`` callable (the dict itself without
+        one); ``index``, its position in the stream, is not used."""
+        return raw if self.decoder is None else self.decoder(raw)
 
     def set_rank(self, rank: int, world_size: int) -> None:
         """Read rank ``rank``'s share of the shards out of ``world_size`` from the next pass on.
@@ -371,11 +378,11 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
                 logger.warning("skipping the rest of shard %s: %s: %s", url, type(e).__name__, e)
 
     def __iter__(self) -> Iterator[Any]:
-        # keep this map(decode, iter_raw()): AsyncLoader pulls iter_raw() and calls
-        # decode itself (asyncfeed._engine.iterable.split_decode)
-        if self.decode is None:
+        # keep this map(decoder, iter_raw()): AsyncLoader pulls iter_raw() and calls
+        # decode itself (asyncfeed._engine.capabilities)
+        if self.decoder is None:
             return self.iter_raw()
-        return map(self.decode, self.iter_raw())
+        return map(self.decoder, self.iter_raw())
 
     def close(self) -> None:
         """Close the connections of remote sources (they are reopened when needed)."""

@@ -6,7 +6,7 @@ pulls from it at a time: it takes the iterator's lock, pulls a chunk of
 consumer has credit for more batches.  Everything else happens in the other
 decode threads, in parallel:
 
-- a dataset that **splits its work** (``iter_raw()`` and ``decode(raw)``, see
+- a dataset that **splits its work** (``iter_raw()`` and ``decode(raw, index)``, see
   :func:`split_decode`) is pulled raw, and each raw item is decoded in a decode
   thread of its own;
 - any other iterable is pulled with ``next(iter(dataset))``, which does all of
@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._memory.device import CopyStream
+from .capabilities import Capabilities
 from .pipeline import Batch, LayoutHolder, Pipeline
 from .runtime import Runtime
 
@@ -42,22 +43,19 @@ __all__ = ["IterablePipeline", "MAX_CONSECUTIVE_ERRORS", "split_decode"]
 MAX_CONSECUTIVE_ERRORS = 100
 
 
-def split_decode(dataset: Any) -> Callable[[Any], Any] | None:
-    """The dataset's ``decode`` when it splits its work, else None.
+def split_decode(dataset: Any) -> Callable[[Any, int], Any] | None:
+    """The dataset's ``decode(raw, index)`` when it splits its work, else None.
 
     A dataset splits its work when it has a callable ``iter_raw()`` (the raw
     items of a pass, cheap to produce, pulled one thread at a time) and a
-    callable ``decode(raw)`` (the heavy part, called from several threads at
-    once), with ``iter(dataset)`` yielding what ``map(dataset.decode,
-    dataset.iter_raw())`` yields.  ``use_iter_raw = False`` on the dataset turns
-    the split off (e.g. in a subclass whose ``__iter__`` does more).
+    callable ``decode(raw, index)`` (the heavy part, called from several threads
+    at once), with ``iter(dataset)`` yielding ``decode(raw, i)`` for the ``i``-th
+    item of ``iter_raw()`` (see :class:`asyncfeed.protocols.SplitIterableDataset`).
+    ``use_iter_raw = False`` on the dataset turns the split off (e.g. in a
+    subclass whose ``__iter__`` does more).  The loader reads this once, in
+    :meth:`Capabilities.of`.
     """
-    if not getattr(dataset, "use_iter_raw", True):
-        return None
-    decode = getattr(dataset, "decode", None)
-    if callable(getattr(dataset, "iter_raw", None)) and callable(decode):
-        return decode
-    return None
+    return Capabilities.of(dataset).decode
 
 
 class _Chunk:
@@ -85,20 +83,21 @@ class IterablePipeline(Pipeline):
     def __init__(self, *, dataset: Any, batch_size: int | None, drop_last: bool,
                  collate: Callable[[list[Any]], Any], runtime: Runtime, prefetch: int,
                  copy: CopyStream | None, pin_host: bool, skip: bool,
-                 ranks: tuple[int, int] | None = None) -> None:
-        super().__init__(dataset=dataset, plan=iter(()), auto_collation=batch_size is not None,
+                 ranks: tuple[int, int] | None = None,
+                 caps: Capabilities | None = None) -> None:
+        caps = caps if caps is not None else Capabilities.of(dataset)
+        super().__init__(dataset=dataset, caps=caps, plan=iter(()),
+                         auto_collation=batch_size is not None,
                          collate=collate, default_collate=False,
                          layouts=LayoutHolder(False), runtime=runtime, prefetch=prefetch,
                          io_concurrency=0, use_fetch=False, copy=copy, pin_host=pin_host,
                          ring=lambda layout, n: None, batch_size=batch_size,
                          host_bufs=lambda layout, n: layout.allocate(n, pin=pin_host))
-        if ranks is not None:
-            set_rank = getattr(dataset, "set_rank", None)
-            if callable(set_rank):
-                set_rank(*ranks)
-        self.decode_fn = split_decode(dataset)
+        if ranks is not None and caps.set_rank is not None:
+            caps.set_rank(*ranks)
+        self.decode_fn = caps.decode if caps.iter_raw is not None else None
         # in the caller's thread, at iter(), as DataLoader does
-        self.it = iter(dataset.iter_raw()) if self.decode_fn is not None else iter(dataset)
+        self.it = iter(caps.iter_raw()) if caps.iter_raw is not None else iter(dataset)
         self.drop_last = drop_last
         self.skip = skip
         self.size = batch_size or 1
@@ -204,7 +203,7 @@ class IterablePipeline(Pipeline):
         if self.stopping:
             return
         try:
-            c.items[row] = self.decode_fn(c.items[row])  # type: ignore[misc]
+            c.items[row] = self.decode_fn(c.items[row], c.start + row)  # type: ignore[misc]
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             c.items[row] = None
             c.errors[row] = e

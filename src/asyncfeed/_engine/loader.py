@@ -17,6 +17,7 @@ from torch.utils.data import default_collate, default_convert
 from .._memory.device import CopyStream, pin, resolve_device, resolve_pin
 from .._errors import AsyncFeedError, LoaderClosedError, SampleError, StateError
 from .._memory.hostpool import HostBufferPool
+from .capabilities import Capabilities
 from .iterable import IterablePipeline
 from .layout import Layout
 from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
@@ -191,9 +192,7 @@ class AsyncLoader:
             collate_fn = default_collate if auto else default_convert
         self.collate_fn = collate_fn
         self._collate = collate_fn if auto else (lambda samples: collate_fn(samples[0]))
-        self._use_fetch = (not self._iterable and callable(getattr(dataset, "fetch", None))
-                           and callable(getattr(dataset, "decode", None))
-                           and bool(getattr(dataset, "use_async_fetch", True)))
+        self._caps = Capabilities.of(dataset)
         self.prefetch = prefetch or self._default_prefetch()
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
         self._ring: SlotRing | None = None
@@ -213,6 +212,10 @@ class AsyncLoader:
         self._finalizer = weakref.finalize(self, _close_current, [None])
 
     # ---------------------------------------------------------------- config
+    @property
+    def _use_fetch(self) -> bool:
+        return self._caps.use_fetch
+
     def _default_prefetch(self) -> int:
         per_batch = self.batch_size or 1
         want = 2 * self.num_threads
@@ -277,8 +280,7 @@ class AsyncLoader:
         if self.device is not None and self._copy is None:
             self._copy = CopyStream(self.device)
         runtime = Runtime(self.num_threads, with_loop=self._use_fetch,
-                          on_loop_close=getattr(self.dataset, "close_io", None)
-                          if self._use_fetch else None)
+                          on_loop_close=self._caps.close_io)
         try:
             pipeline, origin = self._make_pipeline(runtime)
         except BaseException:
@@ -303,13 +305,13 @@ class AsyncLoader:
         """The pass's pipeline and, for map-style data, its (replay, start position)."""
         if self._iterable:
             self._stats.path = "iterable"
-            return IterablePipeline(dataset=self.dataset, batch_size=self.batch_size,
+            return IterablePipeline(dataset=self.dataset, caps=self._caps, batch_size=self.batch_size,
                                     drop_last=self.drop_last, collate=self._collate,
                                     runtime=runtime, prefetch=self.prefetch, copy=self._copy,
                                     pin_host=self.pin_memory, skip=self.on_error == "skip",
                                     ranks=(self.rank, self.world_size)), None
         plan, replay, position = self._start_plan()
-        return Pipeline(dataset=self.dataset, plan=plan,
+        return Pipeline(dataset=self.dataset, caps=self._caps, plan=plan,
                         auto_collation=self._plan.auto_collation, collate=self._collate,
                         default_collate=self._layouts.enabled, layouts=self._layouts,
                         runtime=runtime, prefetch=self.prefetch,

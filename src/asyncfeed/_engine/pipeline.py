@@ -25,7 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._memory.device import CopyStream, pin
-from .._errors import AsyncFeedError, LoaderClosedError, LoaderTimeout, SampleError
+from .._errors import LoaderClosedError, LoaderTimeout, SampleError
+from ..protocols import NamedSamples
+from .capabilities import Capabilities
 from .layout import Layout, LayoutMismatch
 from .runtime import Runtime
 from .._memory.slots import Slot, SlotRing
@@ -92,7 +94,8 @@ class Pipeline:
     """Shared state of one epoch, used by the consumer thread, the event loop and
     the decode threads."""
 
-    def __init__(self, *, dataset: Any, plan: Iterator[Any], auto_collation: bool,
+    def __init__(self, *, dataset: Any, caps: Capabilities, plan: Iterator[Any],
+                 auto_collation: bool,
                  collate: Callable[[list[Any]], Any], default_collate: bool,
                  layouts: LayoutHolder, runtime: Runtime, prefetch: int,
                  io_concurrency: int, use_fetch: bool, copy: CopyStream | None,
@@ -100,6 +103,7 @@ class Pipeline:
                  batch_size: int | None,
                  host_bufs: Callable[[Layout, int], list[Any]]) -> None:
         self.dataset = dataset
+        self.caps = caps
         self.plan = plan
         self.auto_collation = auto_collation
         self.collate = collate
@@ -113,11 +117,8 @@ class Pipeline:
         self.get_ring = ring
         self.host_bufs = host_bufs
         self.batch_size = batch_size
-        self.use_getitems = bool(getattr(dataset, "__getitems__", None)) and auto_collation
+        self.use_getitems = caps.getitems is not None and auto_collation
         self.ring_ok = default_collate and auto_collation and not self.use_getitems
-        self.has_read = callable(getattr(dataset, "read", None)) and \
-            callable(getattr(dataset, "decode", None))
-        self.has_decode_into = callable(getattr(dataset, "decode_into", None))
         self.cond = threading.Condition()
         self.ready: dict[int, Batch] = {}
         self.submitted = 0          # batches submitted so far (= next k)
@@ -202,7 +203,7 @@ class Pipeline:
             self._abandon(args[0])
 
     def _abandon(self, b: Batch) -> None:
-        b.error = b.error or AsyncFeedError("the loader was closed")
+        b.error = b.error or LoaderClosedError("the loader was closed")
         self._mark_ready(b)
 
     def wait(self, k: int | None, timeout: float | None) -> Batch | None:
@@ -290,30 +291,31 @@ class Pipeline:
         if self.stopping:
             return
         try:
-            raw = await self.dataset.fetch(idx)
+            raw = await self.caps.fetch(idx)  # type: ignore[misc]
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._note_failure(b, row, idx, e)
         else:
             if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
-                self._failed(b, row, idx, AsyncFeedError("the loader was closed"))
+                b.error = b.error or LoaderClosedError("the loader was closed")
+                self._one_done(b, row)
             return
         self._one_done(b, row)  # outside the handler (see _run_sample)
 
     # ---------------------------------------------------------- decode threads
     def _load(self, b: Batch, row: int, idx: Any, raw: Any) -> Any:
-        ds = self.dataset
+        caps = self.caps
         out = None
-        if b.mode == "ring" and self.has_decode_into:
+        if b.mode == "ring" and caps.decode_into is not None:
             out = b.layout.row_out(self._rows_of(b), row)
         if raw is _NO_RAW:
-            if not self.has_read:
-                return ds[idx]
-            raw = ds.read(idx)
+            if caps.read is None:
+                return self.dataset[idx]
+            raw = caps.read(idx)
         if out is not None:
-            return ds.decode_into(raw, idx, out)
-        return ds.decode(raw, idx)
+            return caps.decode_into(raw, idx, out)  # type: ignore[misc]
+        return caps.decode(raw, idx)  # type: ignore[misc]
 
     def _run_sample(self, b: Batch, row: int, idx: Any, raw: Any) -> None:
         if self.stopping:
@@ -363,10 +365,6 @@ class Pipeline:
         with self.cond:
             b.failures.append((row, idx, e))
 
-    def _failed(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
-        self._note_failure(b, row, idx, e)
-        self._one_done(b, row)
-
     def _one_done(self, b: Batch, row: int) -> None:
         with self.cond:
             b.done[row] = 1
@@ -379,7 +377,7 @@ class Pipeline:
         if self.stopping:
             return
         try:
-            b.samples = self.dataset.__getitems__(b.indices)  # handed to collate_fn as is
+            b.samples = self.caps.getitems(b.indices)  # type: ignore[misc]  # handed to collate_fn as is
         except BaseException as e:  # noqa: BLE001
             b.error = e
         b.done[:] = b"\x01" * b.n
@@ -457,10 +455,9 @@ def sample_error(dataset: Any, idx: Any, e: BaseException, batch: int | None) ->
             e.args = (str(SampleError(e.index, e.source, e.cause, batch)),)
         return e
     source = None
-    describe = getattr(dataset, "sample_source", None)
-    if callable(describe):
+    if isinstance(dataset, NamedSamples):
         try:
-            source = describe(idx)
+            source = dataset.sample_source(idx)
         except Exception:  # noqa: BLE001 - a name is a courtesy, not a requirement
             source = None
     err = SampleError(idx, source, e, batch)

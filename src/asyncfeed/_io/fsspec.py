@@ -34,8 +34,8 @@ from urllib.parse import unquote
 from .._optional import require
 from .cache import DiskCache, MemoryCache
 from .conn import LoopConn, close_conn_soon, open_conn
-from .remote_errors import (RemoteReadError, RemoteTimeoutError, SizeMismatch, classify,
-                             status_and_code)
+from .._errors import (RemoteReadError, RemoteTimeoutError, SizeMismatch, classify,
+                       status_and_code)
 
 __all__ = ["FsspecSource", "RemoteReadError", "RemoteTimeoutError"]
 

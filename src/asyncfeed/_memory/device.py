@@ -97,6 +97,11 @@ class CopyStream:
             collections.deque(maxlen=timing_keep)
         self._lock = threading.Lock()
 
+    def pin(self, host_batch: Any) -> Any:
+        """Pinned copies of the batch's tensors (already pinned ones are kept), so that
+        ``to_device`` copies them asynchronously."""
+        return pin(host_batch)
+
     def to_device(self, host_batch: Any) -> tuple[Any, torch.cuda.Event]:
         """Enqueue the copy of every tensor of ``host_batch``; returns GPU batch and event.
 
