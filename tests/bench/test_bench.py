@@ -235,3 +235,17 @@ def test_a_default_measured_again_explicitly_is_pooled_as_twins(tmp_path):
     text = render(results)
     assert ("asyncfeed t=default and asyncfeed t=4 are the same configuration; over both "
             "rows' 6 runs: 645/s (0.99 of the limit), 2.88 ms CPU/sample (0.90x w=2)") in text
+
+
+def test_quick_run_has_the_added_workloads_and_a_headline(quick):
+    out, data = quick["proc"].stdout, quick["json"]
+    for head in ("headline:", "(f) CIFAR-like", "(g) PIL decode", "(overhead)", "(ceiling)"):
+        assert head in out
+    summ = data["summary"]
+    assert set(summ) >= {"f", "g", "ceiling", "overhead"}
+    assert {h["workload"] for h in data["headline"]} >= {"a", "b", "c", "e", "f", "g",
+                                                          "ceiling", "overhead"}
+    for h in data["headline"]:
+        assert h["rate"] > 0 and h["ratio"] > 0, h
+    for row in summ["ceiling"]:
+        assert row["ideal_rate"] == row["knob"] / 0.005 and row["vs_ideal"] > 0

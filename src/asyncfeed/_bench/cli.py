@@ -58,8 +58,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="PNG to write (default ./asyncfeed-bench.png)")
     b.add_argument("--no-plot", action="store_true", help="write no PNG")
     b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=None,
-                   help="comma-separated subset of a,b,c,d,e (default: all; with --data, "
-                        "a,b,c,d: e would list the whole tree over HTTP)")
+                   help="comma-separated subset of " + ",".join(WORKLOADS) + " (default: all;"
+                        " with --data, all but e: e would list the whole tree over HTTP)")
+    b.add_argument("--cifar-samples", type=int, default=20_000,
+                   help="size of workload f's CIFAR-like set, one epoch per run (20000)")
+    b.add_argument("--ceiling-threads", type=_ints, default=(8, 16, 32, 64, 128, 256),
+                   help="thread counts of the ceiling workload (8,16,32,64,128,256)")
     b.add_argument("--latency", type=float, default=0.02,
                    help="seconds per HTTP request in workload e (0.02)")
     b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
@@ -132,9 +136,11 @@ def _prepare_data(args: argparse.Namespace, images: int, samples: int, scratch: 
 
 
 def _workloads(args: argparse.Namespace) -> tuple[str, ...]:
-    """``--workloads``, else all (a-d with ``--data``: e would list the whole tree over HTTP)."""
-    return tuple(args.workloads or (("a", "b", "c", "d") if args.data
-                                    else ("a", "b", "c", "d", "e")))
+    """``--workloads``, else all (all but e with ``--data``: e would list the whole tree
+    over HTTP)."""
+    return tuple(args.workloads or (
+        ("a", "b", "c", "d", "f", "g", "overhead", "ceiling") if args.data
+        else ("a", "b", "c", "d", "e", "f", "g", "overhead", "ceiling")))
 
 
 def _missing_tools(args: argparse.Namespace) -> str | None:
@@ -200,7 +206,12 @@ def bench(args: argparse.Namespace) -> int:
             step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
             quick=quick, interpolation=args.interpolation,
             ttfb_workers=1 if quick else cores, sweep_asyncfeed=not quick,
-            single_limit=not quick, retry_disturbed=not quick)
+            single_limit=not quick, retry_disturbed=not quick,
+            samples_cifar=2048 if quick else args.cifar_samples,
+            samples_pil=samples if quick else max(batch, samples // 2),
+            samples_noop=2048 if quick else 20_000,
+            ceiling_threads=(8, 32) if quick else args.ceiling_threads,
+            ceiling_seconds=0.3 if quick else 1.0)
         runner = Bench(settings)
         runner.plan()
         for fam, why in runner.skipped.items():

@@ -42,6 +42,12 @@ class Settings:
                                   # "disturbed": re-run once, left out of medians if possible
     retry_disturbed: bool = True
     single_limit: bool = True     # also the one-process limit (a, c)
+    batch_size_small: int = 128   # workloads f and overhead (CIFAR-sized samples)
+    samples_cifar: int = 20_000   # workload f: the set's size, one epoch per run
+    samples_pil: int = 320        # workload g
+    samples_noop: int = 20_000    # workload overhead
+    ceiling_threads: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+    ceiling_seconds: float = 1.0  # workload ceiling: each run's length at the ideal rate
 
 
 @dataclass
@@ -53,7 +59,7 @@ class Config:
     knob: int | None
     mode: str = "throughput"         # throughput | step | ttfb | limit
     context: str | None = None       # DataLoader start method
-    dataset: str = "folder"          # folder | ram | gil
+    dataset: str = "folder"          # folder | ram | gil | cifar | pil | sleep | noop
     role: str = "sweep"              # sweep | default | best | reference | limit
     runs: list[dict] = field(default_factory=list)
 

@@ -77,6 +77,15 @@ def render(results: dict) -> str:
                  f"{s.get('busy_threshold', 0.15):.0%} of the machine); disturbed runs are re-run "
                  "once and left out of the medians when a clean run exists.")
 
+    head = results.get("headline") or []
+    if head:
+        rows = [[h["workload"], h["asyncfeed"], _fmt(h.get("rate"), ",.0f"), h.get("versus") or "-",
+                 _fmt(h.get("versus_rate"), ",.0f"), _fmt(h.get("ratio"), "x")] for h in head]
+        parts.append("\nheadline: AsyncLoader at its defaults against the best DataLoader "
+                     "setting of the same run (ceiling: best thread count against "
+                     "torchdata.nodes' best)")
+        parts.append(table(["workload", "asyncfeed", "samples/s", "best other", "samples/s",
+                            "ratio"], rows))
     if "a" in summ:
         rows = []
         for r in summ["a"]:
@@ -135,6 +144,38 @@ def render(results: dict) -> str:
                      "server is a separate process (its CPU is not counted)")
         parts.append(table(["contender", "latency", "samples/s", "x w=cores", "x best w",
                             "x at 0 ms", "CPU ms/sample"], rows))
+    for wl, what in (("f", s.get("samples_cifar")), ("g", s.get("samples_pil"))):
+        if wl not in summ:
+            continue
+        rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_best"), ".2f"),
+                 _fmt(r.get("vs_limit"), ".2f"), _fmt(r.get("cpu_per_sample_ms"), ".3f"),
+                 _fmt(r.get("peak_pss_bytes"), "mb")] for r in summ[wl]]
+        bs = s.get("batch_size_small") if wl == "f" else s["batch_size"]
+        parts.append(f"\n({wl}) {WORKLOADS[wl]}: {what} samples per run, batch {bs}")
+        parts.append(table(["contender", "samples/s", "x best DL", "x limit", "CPU ms/sample",
+                            "peak PSS MB"], rows))
+    if "overhead" in summ:
+        rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_best"), ".2f"),
+                 _fmt((r.get("cpu_per_sample_ms") or 0) * 1e3 or None, ".1f")]
+                for r in summ["overhead"]]
+        parts.append(f"\n(overhead) {WORKLOADS['overhead']}: {s.get('samples_noop')} samples, "
+                     f"batch {s.get('batch_size_small')}")
+        parts.append(table(["contender", "samples/s", "x DL w=0", "CPU us/sample"], rows))
+    if "ceiling" in summ:
+        by_t: dict[int, dict[str, dict]] = {}
+        for r in summ["ceiling"]:
+            by_t.setdefault(r["knob"], {})[r["family"]] = r
+        rows = []
+        for t in sorted(by_t):
+            af, td = by_t[t].get("asyncfeed", {}), by_t[t].get("torchdata", {})
+            ideal = af.get("ideal_rate") or td.get("ideal_rate")
+            rows.append([str(t), _fmt(ideal, ",.0f"), _fmt(af.get("rate"), ",.0f"),
+                         _fmt(af.get("vs_ideal"), ".2f"), _fmt(td.get("rate"), ",.0f"),
+                         _fmt(td.get("vs_ideal"), ".2f")])
+        parts.append(f"\n(ceiling) {WORKLOADS['ceiling']}; batch {s['batch_size']}, about "
+                     f"{s.get('ceiling_seconds')} s per run at the ideal rate")
+        parts.append(table(["threads", "ideal T/5ms", "asyncfeed", "x ideal", "torchdata.nodes",
+                            "x ideal"], rows))
     tuning = results.get("tuning", {})
     for wl, fams in tuning.items():
         bits = []

@@ -19,8 +19,9 @@ from . import contenders
 from .client import RunServer, ServerError
 from .config import Config, Settings, default_threads, default_workers
 from .machine import machine_info
-from .summary import _best, _disturbed, _relative, _resolved, summarize
+from .summary import _best, _disturbed, _relative, _resolved, headline, summarize
 from .tuning import knee
+from .workloads import SLEEP_S
 
 __all__ = ["Bench", "Config", "Settings", "default_threads", "default_workers",
            "machine_info", "summarize"]
@@ -125,6 +126,32 @@ class Bench:
             if self._has("asyncfeed"):
                 cfgs.append(Config("c", "asyncfeed", None, dataset="gil-numpy", role="remedy"))
             self.configs["c"] = cfgs
+        if "f" in w:
+            cfgs = self._sweep("f", "cifar", ["dataloader", "asyncfeed"], workers=s.workers,
+                               threads=s.threads)
+            if self._has("torchdata"):
+                cfgs.append(Config("f", "torchdata", s.cores, dataset="cifar"))
+            self.configs["f"] = cfgs
+        if "g" in w:
+            cfgs = self._limits("g", "pil") + self._sweep(
+                "g", "pil", ["dataloader", "asyncfeed"], workers=s.workers, threads=s.threads)
+            if self._has("torchdata"):
+                cfgs.append(Config("g", "torchdata", s.cores, dataset="pil"))
+            self.configs["g"] = cfgs
+        if "ceiling" in w:
+            self.configs["ceiling"] = [
+                Config("ceiling", fam, t, dataset="sleep")
+                for t in s.ceiling_threads for fam in ("asyncfeed", "torchdata")
+                if self._has(fam)]
+        if "overhead" in w:
+            cfgs = []
+            if self._has("dataloader"):
+                cfgs.append(Config("overhead", "dataloader", 0, dataset="noop",
+                                   role="reference"))
+            if self._has("asyncfeed"):
+                cfgs += [Config("overhead", "asyncfeed", 1, dataset="noop"),
+                         Config("overhead", "asyncfeed", None, dataset="noop", role="default")]
+            self.configs["overhead"] = cfgs
         if "e" in w:
             cfgs = []
             remote_w = tuple(sorted({s.cores, 2 * s.cores, 4 * s.cores})) if not s.quick \
@@ -154,7 +181,7 @@ class Bench:
             self.configs["d"] = cfgs
 
     def rounds(self, workload: str) -> int:
-        return self.s.repeats if workload in ("a", "b") else min(self.s.repeats,
+        return self.s.repeats if workload in ("a", "b", "f", "ceiling", "overhead") else min(self.s.repeats,
                                                                    self.s.repeats_other)
 
     def n_runs(self) -> int:
@@ -172,7 +199,11 @@ class Bench:
         s = self.s
         samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil,
                    "gil-numpy": s.samples_gil, "remote": s.samples_remote,
-                   "remote0": s.samples_remote}[cfg.dataset]
+                   "remote0": s.samples_remote, "cifar": s.samples_cifar,
+                   "pil": s.samples_pil, "noop": s.samples_noop,
+                   "sleep": 0}[cfg.dataset]
+        if cfg.dataset == "sleep":  # about ceiling_seconds at the ideal rate T / 5 ms
+            samples = max(4 * s.batch_size, int((cfg.knob or 1) / SLEEP_S * s.ceiling_seconds))
         if cfg.mode == "step":  # paced by the step, not by the loader: half as many do
             samples = max(4 * s.batch_size, samples // 2)
         ds: dict[str, Any] = {"kind": cfg.dataset, "root": s.root, "size": s.size,
@@ -185,8 +216,9 @@ class Bench:
             assert self._http is not None
             ds.update(kind="folder", listing=None, io="auto",
                       root=self._http.url(s.latency if cfg.dataset == "remote" else 0.0))
+        small = cfg.dataset in ("cifar", "noop")
         spec = {"dataset": ds, "family": cfg.family, "knob": cfg.knob, "mode": cfg.mode,
-                "batch_size": s.batch_size, "device": s.device, "seed": s.seed,
+                "batch_size": s.batch_size_small if small else s.batch_size, "device": s.device, "seed": s.seed,
                 "context": cfg.context}
         if cfg.mode == "limit":
             spec["procs"] = cfg.knob
@@ -237,7 +269,8 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="asyncfeed-bench-") as work:
             server = RunServer(work)
             try:
-                for wl in ("a", "step", "b", "c", "d", "e"):
+                for wl in ("a", "step", "b", "c", "d", "e", "f", "g", "overhead",
+                           "ceiling"):
                     if wl not in self.configs:
                         continue
                     if wl == "step":
@@ -339,7 +372,7 @@ class Bench:
     def knees(self) -> dict[str, dict[str, dict]]:
         """Per workload and family: the sweep and its knee (see :func:`.tuning.knee`)."""
         out: dict[str, dict[str, dict]] = {}
-        for wl in ("a", "c"):
+        for wl in ("a", "c", "f", "g"):
             fams: dict[str, dict] = {}
             for fam in contenders.FAMILIES:
                 cfgs = [c for c in self.configs.get(wl, []) if c.family == fam
@@ -369,6 +402,7 @@ class Bench:
             "elapsed_s": self.elapsed_s,
             "summary": summary,
             "twins": self.twins(summary.get("a", [])),
+            "headline": headline(summary),
             "tuning": self.knees(),
             "runs": {wl: [{"key": c.key, "label": c.label, "workload": c.workload,
                            "family": c.family, "knob": c.knob, "mode": c.mode,

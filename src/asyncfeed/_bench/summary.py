@@ -87,9 +87,67 @@ def _relative(workload: str, rows: list[dict]) -> None:
         for r in rows:
             if best and r.get("rate") and r["dataset"] == "remote":
                 r["vs_dataloader_best"] = r["rate"] / best
+    if workload in ("f", "g", "overhead"):
+        best = max((x.get("rate") or 0 for x in rows if x["family"] == "dataloader"), default=0)
+        for r in rows:
+            if best and r.get("rate") and r["family"] != "limit":
+                r["vs_dataloader_best"] = r["rate"] / best
+    if workload == "ceiling":
+        from .workloads import SLEEP_S
+        for r in rows:
+            if r.get("knob") and r.get("rate"):
+                r["ideal_rate"] = r["knob"] / SLEEP_S
+                r["vs_ideal"] = r["rate"] / r["ideal_rate"]
     if workload == "a":
         ref = next((r for r in rows if r["family"] == "dataloader" and r["knob"] == 2), None)
         if ref and ref.get("cpu_per_sample_ms"):
             for r in rows:
                 if r.get("cpu_per_sample_ms"):
                     r["cpu_vs_w2"] = r["cpu_per_sample_ms"] / ref["cpu_per_sample_ms"]
+
+
+#: per workload, the data set its headline compares on (the others are remedies or
+#: references: (c)'s numpy rewrite, (e)'s 0 ms server)
+_MAIN_DATASET = {"a": "folder", "b": "ram", "c": "gil", "e": "remote", "f": "cifar",
+                 "g": "pil", "overhead": "noop"}
+
+
+def headline(summary: dict[str, list[dict]]) -> list[dict]:
+    """Per workload: AsyncLoader at its defaults against the best DataLoader setting
+    measured in the same run (``ratio`` = asyncfeed's rate / DataLoader's best), and
+    on the ceiling workload the best asyncfeed thread count against torchdata.nodes'."""
+    out: list[dict] = []
+    for wl, rows in summary.items():
+        if wl == "ceiling":
+            def top(fam: str) -> dict | None:
+                cands = [r for r in rows if r["family"] == fam and r.get("rate")]
+                return max(cands, key=lambda r: r["rate"]) if cands else None
+            af, td = top("asyncfeed"), top("torchdata")
+            if af is not None:
+                out.append({"workload": wl, "asyncfeed": af["label"], "rate": af["rate"],
+                            "versus": td["label"] if td else None,
+                            "versus_rate": td["rate"] if td else None,
+                            "ratio": af["rate"] / td["rate"] if td else None,
+                            "vs_ideal": af.get("vs_ideal")})
+            continue
+        ds = _MAIN_DATASET.get(wl)
+        if ds is None:
+            continue
+        mine = [r for r in rows if r["dataset"] == ds and r["role"] == "default"
+                and r["mode"] == "throughput" and r.get("rate")]
+        mine.sort(key=lambda r: ("asyncfeed", "asyncfeed-map", "asyncfeed-async").index(
+            r["family"]) if r["family"] in ("asyncfeed", "asyncfeed-map", "asyncfeed-async")
+            else 9)
+        dls = [r for r in rows if r["family"] == "dataloader" and r["dataset"] == ds
+               and r["mode"] == "throughput" and r.get("rate")]
+        if not mine:
+            continue
+        best = max(dls, key=lambda r: r["rate"]) if dls else None
+        out.append({"workload": wl, "asyncfeed": mine[0]["label"], "rate": mine[0]["rate"],
+                    "versus": best["label"] if best else None,
+                    "versus_rate": best["rate"] if best else None,
+                    "ratio": mine[0]["rate"] / best["rate"] if best else None,
+                    "vs_limit": mine[0].get("vs_limit"),
+                    "cpu_per_sample_ms": mine[0].get("cpu_per_sample_ms"),
+                    "versus_cpu_per_sample_ms": best.get("cpu_per_sample_ms") if best else None})
+    return out

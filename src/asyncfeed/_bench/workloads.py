@@ -19,6 +19,17 @@ sampler):
   for GIL-bound code.
 * workload (e) reads the ``folder`` set through ``ImageFolder(url)`` from the
   HTTP server of :mod:`.remote`.
+* ``cifar`` (workload f): :class:`CifarLike`, 32x32 uint8 images in one numpy
+  array, pad-4 random crop and flip in numpy, as CIFAR training scripts write it:
+  samples so small that the loader's own cost per sample decides the rate.
+* ``pil`` (workload g): :class:`PilAugment`, the folder's files decoded by PIL
+  and augmented the way torchvision does it on PIL images (RandomResizedCrop,
+  horizontal flip, to float32, normalize), written with PIL and numpy.
+* ``sleep`` (workload ceiling): :class:`SleepDataset`, samples that "decode" by
+  sleeping 5 ms (GIL released, no CPU) and return one preallocated 3x224x224
+  image: what one process can feed when decoding costs it nothing.
+* ``noop`` (workload overhead): :class:`NoopDataset`, samples that cost nothing
+  (a preallocated 3x32x32 array and the index): the loader's own cost per sample.
 
 Data sets are built in the process that runs the loader (never inherited from
 the benchmark's fork server), so every contender starts from the same state.
@@ -42,7 +53,14 @@ WORKLOADS = {
     "c": "pure-Python per-sample transform (holds the GIL)",
     "d": "time to first batch, fork and spawn",
     "e": "the folder over loopback HTTP, with a latency per request",
+    "f": "CIFAR-like set in RAM (32x32 uint8, numpy pad-4 crop + flip)",
+    "g": "PIL decode + RandomResizedCrop/flip/normalize to float32 (PIL + numpy)",
+    "ceiling": "one process's ceiling: samples sleep 5 ms (GIL released), T threads",
+    "overhead": "the loader's own cost per sample (a no-op data set)",
 }
+
+#: the ``sleep`` data set's per-sample "decode" time (workload ceiling)
+SLEEP_S = 0.005
 
 
 class MapOnly:
@@ -164,6 +182,128 @@ class VectorisedFolder(GilFolder):
     transform = staticmethod(vectorised_transform)
 
 
+class CifarLike:
+    """``n`` random 32x32 RGB uint8 images in one numpy array, augmented per sample
+    as CIFAR training scripts do: zero-pad 4 pixels, crop 32x32 at a random offset,
+    flip half of them, return CHW uint8 and the label.  Randomness comes from
+    numpy's global generator, as in those scripts (every loader does the same work;
+    the exact crops differ between loaders, which the benchmark does not compare).
+    """
+
+    def __init__(self, n: int = 20_000, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        self.labels = rng.integers(0, 10, n).tolist()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        img = np.pad(self.images[index], ((4, 4), (4, 4), (0, 0)))
+        dy, dx = np.random.randint(0, 9, 2)
+        img = img[dy:dy + 32, dx:dx + 32]
+        if np.random.rand() < 0.5:
+            img = img[:, ::-1]
+        return np.ascontiguousarray(img.transpose(2, 0, 1)), self.labels[index]
+
+
+_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+_STD = np.array([0.229, 0.224, 0.225], np.float32)
+
+
+def random_resized_crop_box(rng: Any, width: int, height: int,
+                            scale: tuple[float, float] = (0.08, 1.0),
+                            ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int,
+                                                                                   int, int]:
+    """torchvision's ``RandomResizedCrop.get_params`` with a ``random.Random``:
+    ``(left, top, width, height)`` of the crop."""
+    import math
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, width - w), rng.randint(0, height - h), w, h
+    in_ratio = width / height  # fallback: the central crop of the nearest ratio
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        w, h = int(round(height * ratio[1])), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+class PilAugment:
+    """The folder's images through a torchvision-style training transform, written
+    with PIL and numpy: decode, RandomResizedCrop to ``size`` (bilinear),
+    horizontal flip with probability 1/2, to float32 in [0, 1], normalize with
+    ImageNet's mean and std, CHW.  Each sample draws its crop from a
+    ``random.Random`` seeded by (seed, index), so every loader does the same work.
+    """
+
+    def __init__(self, samples: list[tuple[str, int]], size: int, seed: int = 0) -> None:
+        self.samples = samples
+        self.size = size
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        import random
+
+        from PIL import Image
+        path, label = self.samples[index]
+        rng = random.Random(self.seed * 1_000_003 + index)
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+        left, top, w, h = random_resized_crop_box(rng, im.width, im.height)
+        im = im.resize((self.size, self.size), Image.BILINEAR,
+                       box=(left, top, left + w, top + h))
+        if rng.random() < 0.5:
+            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        arr = np.asarray(im, dtype=np.float32)
+        arr *= 1 / 255
+        arr -= _MEAN
+        arr /= _STD
+        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))), label
+
+
+class SleepDataset:
+    """Samples that "decode" by sleeping ``SLEEP_S`` (GIL released, no CPU) and return
+    one preallocated image: the ideal rate with T threads is T / ``SLEEP_S``."""
+
+    def __init__(self, n: int, shape: tuple[int, ...] = (3, 224, 224)) -> None:
+        self.n = n
+        self.image = torch.zeros(shape, dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        import time
+        time.sleep(SLEEP_S)
+        return self.image, index % 10
+
+
+class NoopDataset:
+    """Samples that cost nothing: a preallocated 3x32x32 uint8 array and the index."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.row = np.zeros((3, 32, 32), np.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        return self.row, index
+
+
 class ListedSource(LocalSource):
     """A local folder whose listing is given (a subset of a large ``--data`` tree).
 
@@ -233,6 +373,16 @@ def build_dataset(spec: dict) -> tuple[Any, list[int]]:
         labels = [folder.samples[i][1] for i in chosen]
         del folder
         ds = InMemoryDataset(paths, labels, size, spec["floats_per_sample"], seed)
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    if kind == "cifar":
+        ds = CifarLike(spec.get("n", spec["samples"]), seed)
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    if kind == "pil":
+        folder = _open_folder(ImageFolder, {**spec, "io": "thread"})
+        ds = PilAugment(list(folder.samples), size, seed)
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    if kind in ("sleep", "noop"):
+        ds = SleepDataset(spec["samples"]) if kind == "sleep" else NoopDataset(spec["samples"])
         return ds, sample_order(len(ds), spec["samples"], seed)
     raise ValueError(f"unknown data set kind {kind!r}")
 
