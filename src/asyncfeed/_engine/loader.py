@@ -18,6 +18,7 @@ from .._memory.device import CopyStream, pin, resolve_device, resolve_pin
 from .._errors import AsyncFeedError, LoaderClosedError, SampleError, StateError
 from .._memory.hostpool import HostBufferPool
 from .capabilities import Capabilities
+from .autotune import Tuner
 from .iterable import IterablePipeline
 from .layout import Layout
 from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
@@ -181,6 +182,8 @@ class AsyncLoader:
         self.seed = seed
         self.io_concurrency = io_concurrency
         self.num_threads = num_threads or default_threads()
+        # how many of the threads run: adapted by measurement unless num_threads is given
+        self._tuner = Tuner(self.num_threads, available_cores(), adaptive=num_threads is None)
         self.device = resolve_device(device)
         self.pin_memory = resolve_pin(pin_memory, self.device)
         self._iterable = is_iterable_dataset(dataset)
@@ -270,7 +273,8 @@ class AsyncLoader:
         ring = self._ring
         return LoaderStats(epoch=s.epoch, batches=s.batches, samples=s.samples,
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
-                           path=s.path, skipped=list(s.skipped))
+                           path=s.path, skipped=list(s.skipped),
+                           execution=self._tuner.describe())
 
     # ------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Any]:
@@ -311,13 +315,16 @@ class AsyncLoader:
                                     pin_host=self.pin_memory, skip=self.on_error == "skip",
                                     ranks=(self.rank, self.world_size)), None
         plan, replay, position = self._start_plan()
-        return Pipeline(dataset=self.dataset, caps=self._caps, plan=plan,
+        pipeline = Pipeline(dataset=self.dataset, caps=self._caps, plan=plan,
                         auto_collation=self._plan.auto_collation, collate=self._collate,
                         default_collate=self._layouts.enabled, layouts=self._layouts,
                         runtime=runtime, prefetch=self.prefetch,
                         io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
                         copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
-                        batch_size=self.batch_size, host_bufs=self._host_bufs), (replay, position)
+                        batch_size=self.batch_size, host_bufs=self._host_bufs)
+        pipeline.tuner = self._tuner
+        pipeline.gate = self._tuner.gate_for_pass()
+        return pipeline, (replay, position)
 
     def _start_plan(self) -> tuple[Iterator[Any], dict[str, Any], dict[str, Any]]:
         """The epoch's plan, fast-forwarded past what a loaded state had consumed,

@@ -28,6 +28,8 @@ from .._memory.device import CopyStream, pin
 from .._errors import LoaderClosedError, LoaderTimeout, SampleError
 from ..protocols import NamedSamples
 from .capabilities import Capabilities
+from . import rowtasks
+from .autotune import Gate, Tuner, rows_per_task
 from .layout import Layout, LayoutMismatch
 from .runtime import Runtime
 from .._memory.slots import Slot, SlotRing
@@ -129,6 +131,10 @@ class Pipeline:
         self._tracked: dict[int, Batch] = {}   # submitted, not yet ready
         self._fetch_queue: asyncio.Queue | None = None
         self._fetch_workers: list[asyncio.Task] = []
+        # set by the loader after construction: its thread tuner and this pass's gate
+        self.tuner: Tuner | None = None
+        self.gate: Gate | None = None
+        self.row_writer: tuple[Layout, Any] | None = None  # rowtasks' cached writer
 
     # ------------------------------------------------------------------ consumer
     def _ahead(self) -> int:
@@ -190,11 +196,14 @@ class Pipeline:
             if not self.runtime.call_in_loop(self._enqueue_fetches, b):
                 self._abandon(b)
         else:
-            # a few rows per task: a pool task costs ~20 us of Python, the threads
-            # still share every batch evenly
-            step = max(1, b.n // (4 * self.runtime.num_threads))
+            # runs of rows per pool task, sized by the measured cost of a row: tiny
+            # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
+            running = self.gate.limit if self.gate is not None else self.runtime.num_threads
+            step = rows_per_task(b.n, running,
+                                 self.tuner.row_cost_s if self.tuner is not None else None)
             for lo in range(0, b.n, step):
-                if self.runtime.submit(self._run_rows, b, lo, min(lo + step, b.n)) is None:
+                if self.runtime.submit(rowtasks.run_rows, self, b, lo,
+                                       min(lo + step, b.n)) is None:
                     self._abandon(b)
                     return
 
@@ -256,6 +265,8 @@ class Pipeline:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+        if self.gate is not None:
+            self.gate.open()  # no decode thread may stay parked when the pool is joined
 
     # ------------------------------------------------------------- event loop
     def _enqueue_fetches(self, b: Batch) -> None:
@@ -297,7 +308,7 @@ class Pipeline:
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._note_failure(b, row, idx, e)
         else:
-            if self.runtime.submit(self._run_sample, b, row, idx, raw) is None:
+            if self.runtime.submit(rowtasks.run_sample, self, b, row, idx, raw) is None:
                 b.error = b.error or LoaderClosedError("the loader was closed")
                 self._one_done(b, row)
             return
@@ -356,10 +367,6 @@ class Pipeline:
                     b.views = b.layout.numpy_views(bufs)
                     b.bufs = bufs
         return b.bufs
-
-    def _run_rows(self, b: Batch, lo: int, hi: int) -> None:
-        for row in range(lo, hi):
-            self._run_sample(b, row, b.indices[row], _NO_RAW)
 
     def _note_failure(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
         with self.cond:

@@ -30,7 +30,10 @@ class LoaderStats:
     ``path`` says how batches were built (``"ring"``: decoded straight into batch
     slots; ``"collate"``: per-sample objects collated; ``"batch"``:
     ``__getitems__``; ``"iterable"``), ``slot_waits`` counts times a pinned slot
-    was still being copied when it was needed again.
+    was still being copied when it was needed again, ``execution`` says how
+    samples were loaded and why (``"threads: 1 of 4 running (adaptive)"``: the
+    measured rate chose one running decode thread; ``"threads: 8 (pinned)"``:
+    ``num_threads`` was given).
     """
 
     epoch: int = 0
@@ -40,6 +43,7 @@ class LoaderStats:
     slot_waits: int = 0
     path: str = ""
     skipped: list[SkippedSample] = field(default_factory=list)
+    execution: str = ""
 
 
 class RateLimitedLog:

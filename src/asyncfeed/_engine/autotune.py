@@ -1,0 +1,216 @@
+"""How many decode threads run at once, chosen by measurement during the pass.
+
+The decode pool is started with the default thread count; a :class:`Tuner`
+decides how many of those threads may run a task at the same time (the others
+wait at a :class:`Gate`, costing nothing).  Every decode task reports its rows,
+wall time and thread CPU time; over short windows the tuner computes the rate
+(rows per second) and the cores the tasks kept busy, and moves the limit:
+
+* down when the tasks keep fewer cores busy than the threads allowed would
+  (threads wait for the GIL, or for I/O) -- kept if the rate does not fall by
+  more than 3%, since fewer threads that do as much cost less CPU and less GIL
+  traffic (on tiny samples they do *more*: every hand-off of the GIL between
+  threads costs more than the sample);
+* up (never past the pool's size) when the threads allowed are all busy --
+  kept only if the rate rises by at least 5%.
+
+A probe that fails is undone and the next probe waits twice as many windows
+(2, 4, ... 64): decisions are damped, never oscillate faster than that, and
+are logged at debug level on the ``asyncfeed`` logger.  The tuner belongs to
+the loader, so a pass starts where the previous one settled.  With
+``num_threads=N`` given, nothing adapts (every thread runs).
+
+The tuner also keeps the mean wall time per row of a task, from which the
+pipeline sizes its tasks (:func:`rows_per_task`): tiny samples go in
+batch-sized tasks, expensive ones a few rows at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+log = logging.getLogger("asyncfeed")
+
+WINDOW_S = 0.04        # shortest measuring window
+MIN_TASKS = 3          # tasks a window must see before it counts
+TASK_TARGET_S = 2e-3   # a task this long makes its ~20 us of overhead negligible
+DOWN_TOLERANCE = 0.97  # a probe down is kept unless the rate falls below this
+UP_GAIN = 1.05         # a probe up is kept only if the rate rises by this
+BUSY = 0.7             # share of the allowed cores the tasks must keep busy to probe up
+MAX_BACKOFF = 64
+
+
+class Gate:
+    """At most ``limit`` decode tasks of one pass run at once; the rest wait.
+
+    ``open()`` (at the end of the pass) lets every waiter through and makes the
+    gate a no-op, so no thread stays blocked in it when the pool is joined.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._active = 0
+        self._open = False
+        self._cond = threading.Condition(threading.Lock())
+
+    def enter(self) -> None:
+        with self._cond:
+            while self._active >= self.limit and not self._open:
+                self._cond.wait()
+            self._active += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._active -= 1
+            self._cond.notify()
+
+    def set_limit(self, limit: int) -> None:
+        with self._cond:
+            self.limit = limit
+            self._cond.notify_all()
+
+    def open(self) -> None:
+        """Let every waiting and future task through (idempotent, any thread)."""
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
+
+
+class Tuner:
+    """The loader's running thread count, measured and adapted across its passes."""
+
+    def __init__(self, size: int, cores: int, adaptive: bool) -> None:
+        self.size = size
+        self.cores = max(1, cores)
+        self.adaptive = adaptive and size > 1
+        self.limit = size
+        self.row_cost_s: float | None = None   # mean task wall time per row
+        self.rates: dict[int, float] = {}      # last rate measured at each limit
+        self.moves: list[tuple[int, int, str]] = []  # (from, to, why), for stats and tests
+        self._lock = threading.Lock()
+        self._gate: Gate | None = None
+        self._w_start: float | None = None
+        self._w_rows = 0
+        self._w_cpu = 0.0
+        self._w_tasks = 0
+        self._changed_at = 0.0   # tasks started before the last change do not count
+        self._probe: tuple[int, float] | None = None  # (limit before the probe, its rate)
+        self._hold = 0
+        self._backoff = 2
+
+    # ------------------------------------------------------------------ passes
+    def gate_for_pass(self) -> Gate | None:
+        """A fresh gate at the current limit (None when nothing adapts)."""
+        with self._lock:
+            self._w_start = None
+            self._w_rows = self._w_tasks = 0
+            self._w_cpu = 0.0
+            self._probe = None
+            self._gate = Gate(self.limit) if self.adaptive else None
+            return self._gate
+
+    def describe(self) -> str:
+        if not self.adaptive:
+            return f"threads: {self.size} (pinned)"
+        return f"threads: {self.limit} of {self.size} running (adaptive)"
+
+    # -------------------------------------------------------------- measuring
+    def record(self, rows: int, wall: float, cpu: float, now: float | None = None) -> None:
+        """A decode task finished ``rows`` rows in ``wall`` seconds using ``cpu`` seconds
+        (``now``: when it finished, ``time.perf_counter()`` by default)."""
+        if rows <= 0:
+            return
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            c = wall / rows
+            self.row_cost_s = c if self.row_cost_s is None else 0.8 * self.row_cost_s + 0.2 * c
+            if not self.adaptive or self._gate is None:
+                return
+            if now - wall < self._changed_at:
+                return  # started under the previous limit
+            if self._w_start is None:
+                self._w_start = max(now - wall, self._changed_at)
+            self._w_rows += rows
+            self._w_cpu += cpu
+            self._w_tasks += 1
+            span = now - self._w_start
+            if span < WINDOW_S or self._w_tasks < MIN_TASKS:
+                return
+            rate, used = self._w_rows / span, self._w_cpu / span
+            self._w_start, self._w_rows, self._w_cpu, self._w_tasks = now, 0, 0.0, 0
+            self._decide(rate, used, now)
+
+    def _set(self, limit: int, why: str, now: float) -> None:
+        if limit == self.limit:
+            return
+        log.debug("asyncfeed: decode threads %d -> %d (%s)", self.limit, limit, why)
+        self.moves.append((self.limit, limit, why))
+        self.limit = limit
+        self._changed_at = now
+        self._w_start = None
+        self._w_rows = self._w_tasks = 0
+        self._w_cpu = 0.0
+        if self._gate is not None:
+            self._gate.set_limit(limit)
+
+    def _down(self, n: int) -> int:
+        return max(1, n // 2 if n > self.cores else n - 1)
+
+    def _up(self, n: int) -> int:
+        return min(self.size, n + 1 if n < self.cores else 2 * n)
+
+    def _decide(self, rate: float, used: float, now: float) -> None:
+        n = self.limit
+        self.rates[n] = rate
+        if self._probe is not None:
+            before, before_rate = self._probe
+            self._probe = None
+            down = n < before
+            kept = rate >= before_rate * (DOWN_TOLERANCE if down else UP_GAIN)
+            if kept:
+                self._backoff = 2
+                nxt = self._down(n) if down else self._up(n)
+                if nxt != n and (not down or used < BUSY * min(n, self.cores)):
+                    self._probe = (n, rate)
+                    self._set(nxt, f"{rate:,.0f} rows/s at {n}, probing {nxt}", now)
+                else:
+                    self._hold = 4
+            else:
+                self._hold = self._backoff
+                self._backoff = min(MAX_BACKOFF, 2 * self._backoff)
+                self._set(before, f"{rate:,.0f} rows/s at {n} vs {before_rate:,.0f} at "
+                                  f"{before}: back", now)
+            return
+        if self._hold > 0:
+            self._hold -= 1
+            return
+        busy = used / min(n, self.cores)
+        if n > 1 and busy < BUSY:
+            # straight to the cores the tasks kept busy (a GIL-bound set keeps about
+            # one), then verified like any probe
+            nxt = max(1, min(self._down(n), math.ceil(0.9 * used)))
+        elif n < self.size and busy >= BUSY:
+            nxt = self._up(n)
+        else:
+            return
+        self._probe = (n, rate)
+        self._set(nxt, f"{rate:,.0f} rows/s at {n}, {used:.2f} cores busy: probing {nxt}",
+                  now)
+
+
+def rows_per_task(n: int, running: int, row_cost_s: float | None) -> int:
+    """Rows of an ``n``-row batch per decode task, with ``running`` threads running.
+
+    Before any measurement, a quarter of a thread's share of the batch.  Then
+    enough rows for a task to last ``TASK_TARGET_S`` (the whole batch when
+    samples are tiny), but no more than one running thread's share, so that
+    every running thread works on each batch.
+    """
+    running = max(1, running)
+    if row_cost_s is None or row_cost_s <= 0:
+        return max(1, n // (4 * running))
+    k = math.ceil(TASK_TARGET_S / row_cost_s)
+    return max(1, min(k, math.ceil(n / running)))
