@@ -5,8 +5,10 @@ chained as ``__cause__``)::
 
     Exception
     └── AsyncFeedError                    anything asyncfeed raises on its own account
-        ├── SampleError                   a sample failed to load (index, source, batch)
-        ├── LoaderTimeout       +TimeoutError   no batch within the loader's ``timeout``
+        ├── SampleError                   a sample failed to load (index, source, batch);
+        │   └── <the original type>       raised as a subclass of it too (rebuild_error):
+        │                                 ``except KeyError`` still works
+        ├── LoaderTimeout       +RuntimeError +TimeoutError   no batch within ``timeout``
         ├── LoaderClosedError   +RuntimeError   the loader/iterator was closed or superseded
         ├── StateError          +ValueError     a ``state_dict`` not fitting this loader
         └── RemoteReadError     +OSError        a remote read failed for good (url, attempts)
@@ -33,10 +35,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import errno
+import threading
+import traceback as _traceback
 
 __all__ = ["AsyncFeedError", "ErrorKind", "LoaderClosedError", "LoaderTimeout",
            "RemoteReadError", "RemoteTimeoutError", "SampleError", "SizeMismatch",
-           "StateError", "classify", "status_and_code"]
+           "StateError", "classify", "describe", "is_fatal", "rebuild_error",
+           "status_and_code", "traceback_text"]
 
 class AsyncFeedError(Exception):
     """Base class of every error asyncfeed raises on its own account."""
@@ -48,25 +53,168 @@ class SampleError(AsyncFeedError):
     Raised at the batch the sample belongs to, with the original error chained as
     ``__cause__``.  ``index`` is the dataset index, ``source`` the path or URL when
     the dataset can name one, ``batch`` the position of the batch in the epoch.
+
+    What the loader raises for a failed sample is, where it can be built, an
+    instance of a subclass of both ``SampleError`` and the original exception's
+    type (see :func:`rebuild_error`): ``except KeyError:`` still catches a
+    ``KeyError`` raised by ``__getitem__``, as with DataLoader.  Its message
+    names the sample and ends with the original traceback.
     """
 
     def __init__(self, index: object, source: str | None, cause: BaseException,
-                 batch: int | None = None) -> None:
+                 batch: int | None = None, traceback: str | None = None,
+                 subject: str | None = None) -> None:
+        self._setup(index, source, cause, batch, traceback, subject)
+        super().__init__(self._message())
+
+    def _setup(self, index: object, source: str | None, cause: BaseException,
+               batch: int | None, traceback: str | None, subject: str | None) -> None:
         self.index = index
         self.source = source
         self.batch = batch
         self.cause = cause
-        where = f" ({source})" if source else ""
-        in_batch = f" in batch {batch}" if batch is not None else ""
-        super().__init__(
-            f"sample {index}{where}{in_batch} failed: {type(cause).__name__}: {cause}")
+        self.traceback_text = traceback
+        self.subject = subject
+
+    def _message(self) -> str:
+        where = f" ({self.source})" if self.source else ""
+        in_batch = f" in batch {self.batch}" if self.batch is not None else ""
+        subject = self.subject or f"sample {self.index}{where}"
+        msg = f"{subject}{in_batch} failed: {describe(self.cause)}"
+        if self.traceback_text:
+            msg += "\nOriginal Traceback (most recent call last):\n" + self.traceback_text
+        return msg
+
+    def set_batch(self, batch: int | None) -> None:
+        """Name the batch (once known) in the attribute and the message."""
+        self.batch = batch
+        self.args = (self._message(),)
+
+    def __str__(self) -> str:  # not the original type's __str__ (KeyError's repr, a raising one)
+        return str(self.args[0]) if self.args else ""
 
     def __reduce__(self):  # keep it picklable for users who ship errors across processes
-        return (type(self), (self.index, self.source, self.cause, self.batch))
+        return (type(self), (self.index, self.source, self.cause, self.batch,
+                             self.traceback_text, self.subject))
 
 
-class LoaderTimeout(AsyncFeedError, TimeoutError):
-    """No batch arrived within the loader's ``timeout``."""
+def describe(e: BaseException) -> str:
+    """``Type: message`` of ``e``, even when its ``__str__`` raises."""
+    try:
+        text = str(e)
+    except Exception as inner:  # noqa: BLE001 - a broken __str__ must not hide the sample
+        text = f"<str() of the exception raised {type(inner).__name__}>"
+    return f"{type(e).__name__}: {text}"
+
+
+def traceback_text(e: BaseException) -> str:
+    """The frames of ``e``'s traceback and its ``Type: message`` line, as text."""
+    frames = "".join(_traceback.format_tb(e.__traceback__)) if e.__traceback__ else ""
+    return frames + describe(e)
+
+
+def is_fatal(e: BaseException) -> bool:
+    """KeyboardInterrupt, SystemExit and other non-``Exception``s: never wrapped, never
+    skipped; the loader raises them as they are."""
+    return not isinstance(e, Exception)
+
+
+_typed_classes: dict[type, type] = {}
+_typed_lock = threading.Lock()
+
+
+def _typed_class(base: type) -> type:
+    """A subclass of ``SampleError`` and ``base``, named like ``base`` (made once)."""
+    with _typed_lock:
+        cls = _typed_classes.get(base)
+        if cls is None:
+            cls = type(base.__name__, (SampleError, base), {
+                "__module__": base.__module__, "__qualname__": base.__qualname__,
+                "__str__": SampleError.__str__, "__reduce__": _typed_reduce,
+                "__doc__": f"A sample failed with {base.__qualname__} (see SampleError)."})
+            _typed_classes[base] = cls
+        return cls
+
+
+def _typed_reduce(self: SampleError) -> tuple:
+    return (_rebuild_pickled, (type(self.cause), self.index, self.source, self.cause,
+                               self.batch, self.traceback_text, self.subject))
+
+
+def _rebuild_pickled(base: type, index: object, source: str | None, cause: BaseException,
+                     batch: int | None, tb: str | None, subject: str | None) -> SampleError:
+    return _build(base, index, source, cause, batch, tb, subject)
+
+
+def _build(base: type, index: object, source: str | None, cause: BaseException,
+           batch: int | None, tb: str | None, subject: str | None) -> SampleError:
+    cls = _typed_class(base)
+    err = cls.__new__(cls)
+    try:
+        err.__dict__.update(cause.__dict__)   # a user exception's own attributes
+    except (AttributeError, TypeError):
+        pass
+    if isinstance(cause, OSError):
+        err.errno, err.strerror, err.filename, err.filename2 = (
+            cause.errno, cause.strerror, cause.filename, cause.filename2)
+    err._setup(index, source, cause, batch, tb, subject)
+    err.args = (err._message(),)
+    return err
+
+
+def rebuild_error(cause: BaseException, index: object, source: str | None = None,
+                  batch: int | None = None, subject: str | None = None) -> BaseException:
+    """What the consumer raises for ``cause`` (raised while loading ``index``).
+
+    - KeyboardInterrupt, SystemExit (anything not an ``Exception``): ``cause`` itself;
+    - a ``SampleError`` already: ``cause``, its batch filled in when missing;
+    - otherwise an exception of ``cause``'s type (a subclass of it and of
+      :class:`SampleError`) whose message names the sample and ends with the
+      original traceback, ``cause`` chained as ``__cause__``.  When that type
+      cannot be subclassed or instantiated (or is ``StopIteration``, which would
+      end the user's loop silently), a plain ``SampleError`` that says so.
+    """
+    if is_fatal(cause):
+        return cause
+    if isinstance(cause, SampleError):
+        inner = cause.cause
+        if type(cause) is SampleError and isinstance(inner, Exception) \
+                and not isinstance(inner, (SampleError, StopIteration, StopAsyncIteration)):
+            # a dataset's own plain SampleError (ImageFolder's): rebuilt from its cause,
+            # so ``except FileNotFoundError`` works there too
+            index, source = cause.index, cause.source
+            batch = cause.batch if cause.batch is not None else batch
+            cause = inner
+        else:
+            if cause.batch is None and batch is not None:
+                cause.set_batch(batch)
+            return cause
+    tb = traceback_text(cause)
+    base = type(cause)
+    err: SampleError
+    if isinstance(cause, (StopIteration, StopAsyncIteration)):
+        why = f"{base.__name__} would end the loop"
+    else:
+        try:
+            err = _build(base, index, source, cause, batch, tb, subject)
+        except Exception as e:  # noqa: BLE001 - a type we cannot rebuild: say so
+            why = f"{base.__qualname__} could not be rebuilt ({type(e).__name__}: {e})"
+        else:
+            err.__cause__ = cause
+            return err
+    err = SampleError(index, source, cause, batch,
+                      tb + f"\n(raised as SampleError: the original type {why}; "
+                           "it is the __cause__)", subject)
+    err.__cause__ = cause
+    return err
+
+
+class LoaderTimeout(AsyncFeedError, RuntimeError, TimeoutError):
+    """No batch arrived within the loader's ``timeout``.
+
+    A ``RuntimeError``, as DataLoader's "DataLoader timed out after N seconds" is
+    (and also a ``TimeoutError``).
+    """
 
 
 class LoaderClosedError(AsyncFeedError, RuntimeError):

@@ -26,6 +26,9 @@ Datasets (``AsyncLoader(dataset)``), on top of ``__getitem__``/``__len__`` or
   event loop (HTTP sessions) when a pass ends.
 - :class:`RankAware`: ``set_rank(rank, world_size)`` is called before each pass of
   an iterable dataset that shards itself.
+- :class:`Stateful`: ``state_dict()``/``load_state_dict(state)`` on a dataset, a
+  sampler or batch sampler, or the iterator an iterable dataset returns: saved in
+  and restored from the loader's own state, as torchdata's StatefulDataLoader does.
 
 ``decode`` has one signature for both kinds: ``decode(raw, index)``.  For an
 iterable dataset, ``index`` is the item's position in this pass's stream (the
@@ -68,6 +71,7 @@ __all__ = [
     "ReadDecodeDataset",
     "Source",
     "SplitIterableDataset",
+    "Stateful",
 ]
 
 
@@ -159,6 +163,27 @@ class RankAware(Protocol):
     passes its ``rank``/``world_size`` before each pass)."""
 
     def set_rank(self, rank: int, world_size: int) -> None:
+        ...
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A dataset, sampler, batch sampler or iterable dataset's iterator with a state of
+    its own, which ``AsyncLoader.state_dict()`` saves and ``load_state_dict()``
+    restores.
+
+    A map-style dataset's state is saved as it is when the loader's state is taken
+    (samples being prefetched may have been loaded already).  A sampler's is taken
+    after each batch it draws, and a mid-epoch resume loads the one of the last
+    batch handed out: the sampler then resumes itself (it is not fast-forwarded).
+    An iterable dataset's (or its iterator's) is taken as the stream is pulled; a
+    resume loads the one at or before the last item handed out and pulls the rest.
+    """
+
+    def state_dict(self) -> Any:
+        ...
+
+    def load_state_dict(self, state: Any) -> None:
         ...
 
 

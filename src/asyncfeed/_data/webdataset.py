@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import io
 import logging
 import operator
@@ -278,11 +279,46 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         self._source_options = dict(storage_options=storage_options or {}, timeout=timeout,
                                     retries=retries, backoff=backoff)
         self._sources: dict[str, Any] = {}
+        self._pass: _PassPosition | None = None          # the pass being read
+        self._resume_at: dict[str, Any] | None = None    # where the next pass starts
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_sources"] = {}
+        state["_pass"] = None
         return state
+
+    # -- resuming -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this dataset stands: ``{"epoch": e, "position": p}``, plain (JSON and
+        ``torch.save``).
+
+        Inside a pass ``p`` says which shard and which sample of it come next, which
+        samples the shuffle buffer holds (by shard and sample number) and the
+        shuffle's random state; between passes it is None (or the position a loaded
+        state will resume at).  ``AsyncLoader`` saves it in its own state, taken as
+        its batches are pulled, so a resume continues after the last batch handed out.
+        """
+        p = self._pass
+        if p is not None and not p.finished:
+            position = p.position()
+        else:
+            position = copy.deepcopy(self._resume_at)
+        return {"epoch": self.epoch, "position": position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from ``state_dict``): the epoch now, the position at
+        the next ``iter_raw()``/``iter()``.
+
+        The resumed pass does not read the shards before the one it stopped in. It
+        reads that shard from its start up to the sample it stopped at (a tar
+        stream has no index), and reads again the samples that were in the shuffle
+        buffer, from their shards.  The rank, world size and worker must be the
+        ones the state was taken with (``ValueError`` at ``iter`` otherwise).
+        """
+        self.epoch = int(state["epoch"])
+        self._resume_at = copy.deepcopy(state.get("position"))
+        self._pass = None
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next pass's shard order and shuffle (like DistributedSampler)."""
@@ -362,20 +398,83 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
                 yield from group_samples(members(), url)
 
     def iter_raw(self) -> Iterator[dict[str, Any]]:
-        """The raw sample dicts of this pass, shuffled, before ``decode``."""
+        """The raw sample dicts of this pass, shuffled, before ``decode`` (from the
+        position a loaded state names, if any)."""
         rank, world, worker, workers = self._placement()
         shards = self.shards_for(rank, world, worker, workers)
         rng = random.Random(f"samples-{self.seed}-{self.epoch}-{rank}-{worker}")
-        yield from _shuffled(self._samples(shards), self.shuffle_buffer, rng)
+        resume, self._resume_at = self._resume_at, None
+        pos = _PassPosition(rng, [rank, world, worker, workers])
+        if resume is not None:
+            pos.restore(resume)
+        self._pass = pos
+        return self._run_pass(shards, pos, resume is not None)
 
-    def _samples(self, shards: list[str]) -> Iterator[dict[str, Any]]:
-        for url in shards:
+    def _run_pass(self, shards: list[str], pos: _PassPosition,
+                  resumed: bool) -> Iterator[dict[str, Any]]:
+        """The bounded shuffle (see ``_shuffled``) over ``_samples``, keeping ``pos``
+        up to date at every ``yield``."""
+        size, rng = self.shuffle_buffer, pos.rng
+        if pos.draining is not None:          # resumed after the shards were all read
+            buf = list(zip(pos.draining, self._read_refs(shards, pos.draining)))
+        else:
+            buf = list(zip(pos.buffer, self._read_refs(shards, pos.buffer))) \
+                if resumed else []
+            for ref, sample in self._samples(shards, pos):
+                if size <= 1:
+                    yield sample
+                elif len(buf) < size:
+                    buf.append((ref, sample))
+                    pos.buffer.append(ref)
+                else:
+                    i = rng.randrange(size)
+                    out, buf[i] = buf[i][1], (ref, sample)
+                    pos.buffer[i] = ref
+                    yield out
+                    del out
+            rng.shuffle(buf)
+            pos.draining, pos.buffer = [ref for ref, _ in buf], []
+        buf.reverse()
+        while buf:
+            _, sample = buf.pop()
+            pos.draining.pop(0)
+            yield sample
+        pos.finished = True
+
+    def _read_refs(self, shards: list[str], refs: list[list[int]]) -> list[dict[str, Any]]:
+        """The samples at ``refs`` ([shard number, sample number] pairs), in that order."""
+        want: dict[int, set[int]] = collections.defaultdict(set)
+        for i, j in refs:
+            want[i].add(j)
+        found: dict[tuple[int, int], dict[str, Any]] = {}
+        for i, js in want.items():
+            last = max(js)
+            for j, sample in enumerate(self.iter_shard(shards[i])):
+                if j in js:
+                    found[(i, j)] = sample
+                if j >= last:
+                    break
+        return [found[(i, j)] for i, j in refs]
+
+    def _samples(self, shards: list[str], pos: _PassPosition
+                 ) -> Iterator[tuple[list[int], dict[str, Any]]]:
+        """([shard number, sample number], sample) from ``pos``'s shard and sample on."""
+        start_shard, start_sample = pos.shard, pos.sample
+        for i in range(start_shard, len(shards)):
+            url = shards[i]
+            skip = start_sample if i == start_shard else 0
+            pos.shard, pos.sample = i, skip
             try:
-                yield from self.iter_shard(url)
+                for j, sample in enumerate(self.iter_shard(url)):
+                    if j < skip:
+                        continue
+                    pos.sample = j + 1
+                    yield [i, j], sample
             except Exception as e:
                 if self.on_shard_error == "raise":
                     raise
                 logger.warning("skipping the rest of shard %s: %s: %s", url, type(e).__name__, e)
+        pos.shard, pos.sample = len(shards), 0
 
     def __iter__(self) -> Iterator[Any]:
         # keep this map(decoder, iter_raw()): AsyncLoader pulls iter_raw() and calls
@@ -394,18 +493,32 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
                 f"shuffle_buffer={self.shuffle_buffer}, seed={self.seed}, epoch={self.epoch})")
 
 
-def _shuffled(samples: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    """A bounded shuffle: fill ``size`` samples, then emit a random one per new sample."""
-    if size <= 1:
-        yield from samples
-        return
-    buf: list[Any] = []
-    for s in samples:
-        if len(buf) < size:
-            buf.append(s)
-            continue
-        i = rng.randrange(size)
-        out, buf[i] = buf[i], s
-        yield out
-    rng.shuffle(buf)
-    yield from buf
+class _PassPosition:
+    """Where a pass of ``WebDatasetShards.iter_raw`` stands, at each of its ``yield``s."""
+
+    def __init__(self, rng: random.Random, placement: list[int]) -> None:
+        self.rng = rng
+        self.placement = placement            # rank, world size, worker, workers
+        self.shard = 0                        # the shard and sample read next
+        self.sample = 0
+        self.buffer: list[list[int]] = []     # the shuffle buffer's samples, by position
+        self.draining: list[list[int]] | None = None   # the shards are read: what is left
+        self.finished = False
+
+    def position(self) -> dict[str, Any]:
+        version, internal, gauss = self.rng.getstate()
+        return {"placement": list(self.placement), "shard": self.shard,
+                "sample": self.sample, "buffer": [list(r) for r in self.buffer],
+                "draining": None if self.draining is None else [list(r) for r in self.draining],
+                "rng": [version, list(internal), gauss]}
+
+    def restore(self, p: dict[str, Any]) -> None:
+        if list(p["placement"]) != self.placement:
+            raise ValueError(f"this WebDatasetShards state was taken as rank, world size, "
+                             f"worker, workers = {p['placement']}; this pass is "
+                             f"{self.placement}")
+        self.shard, self.sample = int(p["shard"]), int(p["sample"])
+        self.buffer = [list(r) for r in p["buffer"]]
+        self.draining = None if p["draining"] is None else [list(r) for r in p["draining"]]
+        version, internal, gauss = p["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))

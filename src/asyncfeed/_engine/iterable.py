@@ -37,6 +37,7 @@ from .._memory.device import CopyStream
 from .capabilities import Capabilities
 from .pipeline import Batch, LayoutHolder, Pipeline
 from .runtime import Runtime
+from .stream import StreamTracker
 
 __all__ = ["IterablePipeline", "MAX_CONSECUTIVE_ERRORS", "split_decode"]
 
@@ -77,14 +78,17 @@ class IterablePipeline(Pipeline):
 
     ``ranks=(rank, world_size)``: handed to ``dataset.set_rank`` (when the
     dataset has one) before the pass's iterator is made, so a dataset that
-    shards itself reads this process's share.
+    shards itself reads this process's share.  ``stream``: opens the pass (resuming
+    it where a loader state says) and snapshots the dataset's own state as chunks
+    are pulled (see ``_stream``).
     """
 
     def __init__(self, *, dataset: Any, batch_size: int | None, drop_last: bool,
                  collate: Callable[[list[Any]], Any], runtime: Runtime, prefetch: int,
                  copy: CopyStream | None, pin_host: bool, skip: bool,
                  ranks: tuple[int, int] | None = None,
-                 caps: Capabilities | None = None) -> None:
+                 caps: Capabilities | None = None,
+                 stream: StreamTracker | None = None) -> None:
         caps = caps if caps is not None else Capabilities.of(dataset)
         super().__init__(dataset=dataset, caps=caps, plan=iter(()),
                          auto_collation=batch_size is not None,
@@ -97,13 +101,16 @@ class IterablePipeline(Pipeline):
             caps.set_rank(*ranks)
         self.decode_fn = caps.decode if caps.iter_raw is not None else None
         # in the caller's thread, at iter(), as DataLoader does
-        self.it = iter(caps.iter_raw()) if caps.iter_raw is not None else iter(dataset)
+        def make() -> Any:
+            return iter(caps.iter_raw()) if caps.iter_raw is not None else iter(dataset)
+        self.stream = stream
+        self.it, start = stream.open(make) if stream is not None else (make(), 0)
         self.drop_last = drop_last
         self.skip = skip
         self.size = batch_size or 1
         # pulling (under it_lock)
         self.it_lock = threading.Lock()
-        self.position = 0        # items pulled from the stream so far
+        self.position = start    # items pulled from the stream so far
         self.pulled = 0          # chunks pulled so far
         # credits not yet given to a chunk (under cond).  Every credit is one batch
         # to come: ``submitted`` = batches made + chunks not yet assembled + wanted.
@@ -160,6 +167,8 @@ class IterablePipeline(Pipeline):
                     return
 
     def _pull_chunk(self) -> _Chunk:
+        if self.stream is not None:
+            self.stream.mark(self.position, self.it)
         c = _Chunk(self.pulled, self.position)
         self.pulled += 1
         it = self.it

@@ -9,27 +9,32 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 from torch.utils.data import default_collate, default_convert
 
 from .._memory.device import CopyStream, pin, resolve_device, resolve_pin
-from .._errors import AsyncFeedError, LoaderClosedError, SampleError, StateError
+from .._errors import (AsyncFeedError, LoaderClosedError, SampleError, StateError, describe,
+                       is_fatal, rebuild_error)
 from .._memory.hostpool import HostBufferPool
 from .capabilities import Capabilities
 from .autotune import Tuner
 from .iterable import IterablePipeline
 from .layout import Layout
 from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
-from .plan import IndexPlan, is_iterable_dataset, validate
+from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
 from .runtime import Runtime
 from .._memory.slots import SlotRing
+from .state import FORMAT as STATE_FORMAT, VERSION as STATE_VERSION, LoaderState, PassProgress
 from .stats import LoaderStats, RateLimitedLog, SkippedSample
+from .stream import StreamTracker, has_state
 
 OnError = Literal["raise", "skip"]
-STATE_FORMAT = "asyncfeed.AsyncLoader"
-STATE_VERSION = 1
+T_co = TypeVar("T_co", covariant=True)
+# DataLoader's rule: these define the plan and may not change after construction
+_FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+           "persistent_workers")
 
 
 def resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -90,7 +95,7 @@ def default_threads() -> int:
     return share + min(2, share)
 
 
-class AsyncLoader:
+class AsyncLoader(Generic[T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` that runs in one process.
 
     With the same arguments (and the same ``generator``) it yields exactly the
@@ -103,7 +108,10 @@ class AsyncLoader:
     DataLoader's process arguments (``num_workers``, ``worker_init_fn``,
     ``multiprocessing_context``, ``prefetch_factor``, ``persistent_workers``,
     ``pin_memory_device``) are accepted and ignored: there are no worker
-    processes.  asyncfeed's own knobs:
+    processes.  So is StatefulDataLoader's ``snapshot_every_n_steps``: every
+    state here is exact, whenever it is taken.  As in DataLoader, ``batch_size``,
+    ``dataset``, ``sampler``, ``batch_sampler`` and ``drop_last`` cannot be
+    assigned after construction (``ValueError``).  asyncfeed's own knobs:
 
     - ``num_threads``: decode threads (default: this process's share of the cores,
       divided among torchrun's local ranks, plus up to two spare threads).
@@ -118,16 +126,24 @@ class AsyncLoader:
       draws from torch's global RNG, as DataLoader does.
     - ``in_order``: deliver batches in plan order (default); ``False`` delivers
       each as soon as it is complete (the batches themselves are the same).
-    - ``on_error``: ``"raise"`` raises :class:`SampleError` at the failing batch;
-      ``"skip"`` fills the batch from the next samples and records each skipped
-      sample in ``stats().skipped``.
+    - ``on_error``: ``"raise"`` raises the sample's error at the failing batch, as
+      an exception of the same type that is also a :class:`SampleError` (index,
+      path, original traceback); ``"skip"`` fills the batch from the next samples
+      and records each skipped sample in ``stats().skipped``.  KeyboardInterrupt
+      and SystemExit are raised as they are, never skipped.
     - ``rank``/``world_size``: this process's share of the data (default: from
       ``torch.distributed`` when initialised, else the ``RANK``/``WORLD_SIZE``
       environment, else the whole data set).  Each rank gets exactly the samples
       ``DistributedSampler(seed=seed or 0, drop_last=drop_last)`` gives it.
 
     ``state_dict()``/``load_state_dict()`` resume mid-epoch exactly (see
-    ``docs/distributed.md``).
+    ``docs/distributed.md``), also after a ``break`` (the position of the last
+    pass is kept until the next ``iter()``), and they carry the dataset's and the
+    sampler's own ``state_dict()`` when they have one.  An ``IterableDataset`` is
+    resumed from its own state, else by fast-forwarding.
+
+    One iterator may be shared by several threads: ``next()`` calls are
+    serialised, each batch is delivered once.
 
     Threads live for one pass: they start at ``iter()`` and stop when the pass
     ends, when its iterator is dropped (a ``break``), at ``close()``, at a new
@@ -144,6 +160,7 @@ class AsyncLoader:
                  generator: torch.Generator | None = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True,
+                 snapshot_every_n_steps: int | None = 1,
                  num_threads: int | None = None, io_concurrency: int = 64,
                  prefetch: int | None = None, device: str | torch.device | int | None = None,
                  seed: int | None = None, on_error: OnError = "raise",
@@ -177,6 +194,9 @@ class AsyncLoader:
         self.timeout = timeout
         self.generator = generator
         self.num_workers = num_workers  # accepted for drop-in use; there are no workers
+        self.persistent_workers = persistent_workers
+        # StatefulDataLoader's: accepted; every state is exact here whenever it is taken
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         self.in_order = in_order
         self.on_error: OnError = on_error
         self.seed = seed
@@ -189,7 +209,9 @@ class AsyncLoader:
         self._iterable = is_iterable_dataset(dataset)
         self._plan = IndexPlan(dataset, batch_size, bool(shuffle), sampler, batch_sampler,
                                drop_last, generator, seed, self.rank, self.world_size)
-        self._resume: dict[str, Any] | None = None
+        self._resume: LoaderState | None = None
+        self._last: PassProgress | None = None      # the last pass's position (until iter())
+        self._predrawn: dict[str, Any] | None = None  # a global-RNG shuffle's seed, drawn early
         auto = self._plan.auto_collation
         if collate_fn is None:
             collate_fn = default_collate if auto else default_convert
@@ -213,6 +235,13 @@ class AsyncLoader:
         self._closed = False
         self._current: weakref.ref[_Iterator] | None = None
         self._finalizer = weakref.finalize(self, _close_current, [None])
+        self._initialized = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FROZEN and self.__dict__.get("_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after "
+                             f"{type(self).__name__} is initialized")
+        super().__setattr__(name, value)
 
     # ---------------------------------------------------------------- config
     @property
@@ -277,7 +306,7 @@ class AsyncLoader:
                            execution=self._tuner.describe())
 
     # ------------------------------------------------------------- iteration
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T_co]:
         if self._closed:
             raise LoaderClosedError("this AsyncLoader is closed")
         self._close_current("superseded by a new iter() of the same loader")
@@ -286,7 +315,7 @@ class AsyncLoader:
         runtime = Runtime(self.num_threads, with_loop=self._use_fetch,
                           on_loop_close=self._caps.close_io)
         try:
-            pipeline, origin = self._make_pipeline(runtime)
+            pipeline, progress = self._make_pipeline(runtime)
         except BaseException:
             runtime.close()
             raise
@@ -294,9 +323,8 @@ class AsyncLoader:
             # the loop holds its tasks weakly; the loop thread drops this when it ends
             # (set only when needed: pipeline -> runtime -> pipeline is a cycle)
             runtime.keepalive = pipeline
-        it = _Iterator(self, pipeline, runtime)
-        if origin is not None:
-            it._set_origin(*origin)
+        self._last = progress
+        it = _Iterator(self, pipeline, runtime, progress)
         self._current = weakref.ref(it)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_current, [self._current])
@@ -304,56 +332,77 @@ class AsyncLoader:
         it._start()
         return it
 
-    def _make_pipeline(self, runtime: Runtime
-                       ) -> tuple[Pipeline, tuple[dict[str, Any], dict[str, Any]] | None]:
-        """The pass's pipeline and, for map-style data, its (replay, start position)."""
+    def _make_pipeline(self, runtime: Runtime) -> tuple[Pipeline, PassProgress]:
+        """The pass's pipeline and its progress record (where the pass starts)."""
+        resume, self._resume = self._resume, None
         if self._iterable:
             self._stats.path = "iterable"
-            return IterablePipeline(dataset=self.dataset, caps=self._caps, batch_size=self.batch_size,
-                                    drop_last=self.drop_last, collate=self._collate,
-                                    runtime=runtime, prefetch=self.prefetch, copy=self._copy,
-                                    pin_host=self.pin_memory, skip=self.on_error == "skip",
-                                    ranks=(self.rank, self.world_size)), None
-        plan, replay, position = self._start_plan()
+            tracker = StreamTracker(self.dataset, resume.stream if resume is not None
+                                    else None)
+            pipeline = IterablePipeline(dataset=self.dataset, caps=self._caps,
+                                        batch_size=self.batch_size,
+                                        drop_last=self.drop_last, collate=self._collate,
+                                        runtime=runtime, prefetch=self.prefetch,
+                                        copy=self._copy, pin_host=self.pin_memory,
+                                        skip=self.on_error == "skip",
+                                        ranks=(self.rank, self.world_size), stream=tracker)
+            progress = PassProgress(self._epoch, stream_start=tracker.start)
+            progress.stream = tracker
+            return pipeline, progress
+        plan, progress = self._start_plan(resume)
         pipeline = Pipeline(dataset=self.dataset, caps=self._caps, plan=plan,
                         auto_collation=self._plan.auto_collation, collate=self._collate,
                         default_collate=self._layouts.enabled, layouts=self._layouts,
                         runtime=runtime, prefetch=self.prefetch,
                         io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
                         copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
-                        batch_size=self.batch_size, host_bufs=self._host_bufs)
+                        batch_size=self.batch_size, host_bufs=self._host_bufs,
+                        in_order=self.in_order)
         pipeline.tuner = self._tuner
         pipeline.gate = self._tuner.gate_for_pass()
-        return pipeline, (replay, position)
+        return pipeline, progress
 
-    def _start_plan(self) -> tuple[Iterator[Any], dict[str, Any], dict[str, Any]]:
+    def _stateful_sampler(self) -> Any:
+        """The user's batch sampler or sampler when it keeps its own state, else None."""
+        for s in (self._plan.user_batch_sampler, self._plan.user_sampler):
+            if s is not None and has_state(s):
+                return s
+        return None
+
+    def _start_plan(self, resume: LoaderState | None) -> tuple[Iterator[Any], PassProgress]:
         """The epoch's plan, fast-forwarded past what a loaded state had consumed,
-        its replay record, and where the pass starts (for the iterator's state)."""
-        resume, self._resume = self._resume, None
+        and the pass's progress record (where it starts)."""
+        sampler = self._stateful_sampler()
         if resume is None:
-            plan, replay = self._plan.start(self._epoch)
-            return plan, replay, {"base": 0, "offset": 0, "extra": [], "carry": [],
-                                  "resharded_from": None}
-        taken = int(resume["batches_taken"])
-        carry = list(resume.get("carry", []))
-        offset = int(resume.get("offset", 0))
-        if resume["world_size"] != self.world_size:
+            predrawn, self._predrawn = self._predrawn, None
+            plan, replay = self._plan.start(self._epoch, predrawn, predrawn=predrawn is not None)
+            progress = PassProgress(self._epoch, replay)
+            return _snapshotting(plan, sampler, progress, 0), progress
+        taken = resume.batches_taken
+        if resume.world_size != self.world_size:
             # the rest of the epoch, from the first global position not consumed
-            return (self._plan.resharded(self._epoch, offset), {},
-                    {"base": 0, "offset": offset, "extra": [], "carry": carry,
-                     "resharded_from": offset})
-        origin = resume.get("resharded_from")
+            progress = PassProgress(self._epoch, {}, 0, resume.offset, [], resume.carry,
+                                    resharded_from=resume.offset)
+            return self._plan.resharded(self._epoch, resume.offset), progress
+        origin = resume.resharded_from
+        own_position = sampler is not None and resume.sampler_state is not None and taken
+        if own_position:
+            # a sampler with its own state resumes itself (as StatefulDataLoader does)
+            sampler.load_state_dict(resume.sampler_state)
         if origin is not None:  # the pass was itself an elastic resume: replay its plan
-            plan, replay = self._plan.resharded(self._epoch, int(origin)), {}
+            plan, replay = self._plan.resharded(self._epoch, origin), {}
         else:
-            plan, replay = self._plan.start(self._epoch, resume.get("replay"))
-        for _ in range(taken):
-            next(plan, None)
-        extra = set(resume.get("taken_extra", []))
+            plan, replay = self._plan.start(self._epoch, resume.replay)
+        if not own_position:
+            for _ in range(taken):
+                next(plan, None)
+        extra = set(resume.taken_extra)
         if extra:
             plan = _blank_taken(plan, taken, extra)
-        return plan, replay, {"base": taken, "offset": offset, "extra": sorted(extra),
-                              "carry": carry, "resharded_from": origin}
+        progress = PassProgress(self._epoch, replay, taken, resume.offset, sorted(extra),
+                                resume.carry, origin,
+                                sampler_state=resume.sampler_state if own_position else None)
+        return _snapshotting(plan, sampler, progress, taken), progress
 
     # -------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -361,96 +410,114 @@ class AsyncLoader:
 
         Taken after k batches were handed out, a fresh loader given this state
         yields exactly the batches an uninterrupted run would yield after those
-        k, whatever was prefetched or in flight.  Between passes, it says which
-        epoch comes next.
+        k, whatever was prefetched or in flight.  The position of the last pass
+        is kept after its iterator is gone (a ``break``) until the next
+        ``iter()``.  Between passes, it says which epoch comes next and fixes its
+        order (without a generator, the seed DataLoader would draw from the
+        global RNG at the next ``iter()`` is drawn now).  It holds the dataset's
+        and the sampler's own ``state_dict()`` when they have one.
         """
         if self._resume is not None:
-            return dict(self._resume)
-        it = self._current() if self._current is not None else None
-        base = {"format": STATE_FORMAT, "version": STATE_VERSION,
-                "dataset_len": self._dataset_len(), "batch_size": self.batch_size,
-                "drop_last": self.drop_last, "shuffle": self._plan.shuffle,
-                "seed": self.seed, "world_size": self.world_size, "rank": self.rank,
-                "on_error": self.on_error, "epoch": self._epoch}
-        if it is None or it._done:
-            replay = {}
-            if self.generator is not None:
-                from .plan import _gen_state_to_str
-                replay = {"generator_state": _gen_state_to_str(self.generator)}
-            return {**base, "in_pass": False, "batches_taken": 0, "taken_extra": [],
-                    "offset": 0, "carry": [], "replay": replay, "resharded_from": None}
-        return {**base, **it._position()}
+            return self._resume.to_dict()
+        st = LoaderState(epoch=self._epoch, dataset_len=self._dataset_len(),
+                         batch_size=self.batch_size, drop_last=self.drop_last,
+                         shuffle=self._plan.shuffle, seed=self.seed,
+                         world_size=self.world_size, rank=self.rank, on_error=self.on_error)
+        progress = self._last
+        if progress is not None and not progress.done:
+            progress.fill(st, self.world_size)
+            if not self._iterable and has_state(self.dataset):
+                st.dataset_state = self.dataset.state_dict()
+            return st.to_dict()
+        if self.generator is not None:
+            st.replay = {"generator_state": _gen_state_to_str(self.generator)}
+        elif self._plan.global_shuffle:
+            if self._predrawn is None:
+                self._predrawn = self._plan.predraw()
+            st.replay = dict(self._predrawn)
+        if has_state(self.dataset):
+            st.dataset_state = self.dataset.state_dict()
+        sampler = self._stateful_sampler()
+        if sampler is not None:
+            st.sampler_state = sampler.state_dict()
+        return st.to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` continues where it was.
 
         Raises :class:`StateError` for a state of another format or version, data
-        set length or batch size.
+        set length or batch size (and changes nothing then).  Versions written by
+        earlier asyncfeed releases are read.  The dataset's (and sampler's) own
+        state is loaded into them now, a mid-pass stream position at the next
+        ``iter()``.
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise StateError("not an asyncfeed AsyncLoader state")
-        if state.get("version") != STATE_VERSION:
-            raise StateError(f"state version {state.get('version')} is not supported "
-                             f"(this asyncfeed writes version {STATE_VERSION})")
+        st = LoaderState.from_dict(state)
         n = self._dataset_len()
-        if state.get("dataset_len") != n:
-            raise StateError(f"the state was taken on a data set of {state.get('dataset_len')} "
+        if st.dataset_len != n:
+            raise StateError(f"the state was taken on a data set of {st.dataset_len} "
                              f"samples; this one has {n}")
-        if state.get("batch_size") != self.batch_size:
-            raise StateError(f"the state was taken with batch_size={state.get('batch_size')}; "
+        if st.batch_size != self.batch_size:
+            raise StateError(f"the state was taken with batch_size={st.batch_size}; "
                              f"this loader has batch_size={self.batch_size}")
-        if self._iterable:
-            if state.get("in_pass"):
-                raise StateError("resuming an IterableDataset mid-stream is not supported "
-                                 "(a state taken between passes restores its epoch)")
-            self._close_current("a state was loaded")
-            self.set_epoch(int(state["epoch"]))
-            self._resume = None
-            return
-        self._check_plan_matches(state)
+        if not self._iterable:
+            self._check_plan_matches(st)
+        elif st.in_pass and st.stream is None:
+            raise StateError("this mid-stream state of an IterableDataset was written by an "
+                             "older asyncfeed (state version 1), which did not record the "
+                             "stream position; a state taken between passes is accepted")
         self._close_current("a state was loaded")
-        self._epoch = int(state["epoch"])
+        self._last = None
+        self._predrawn = None
+        self._epoch = st.epoch
         self.set_epoch(self._epoch)
-        if not state.get("in_pass"):
-            replay = state.get("replay") or {}
-            if self.generator is not None and "generator_state" in replay:
-                from .plan import _gen_state_from_str
-                self.generator.set_state(_gen_state_from_str(replay["generator_state"]))
+        if st.dataset_state is not None and has_state(self.dataset):
+            self.dataset.load_state_dict(st.dataset_state)
+        if self._iterable:
+            self._resume = st if st.in_pass else None
+            return
+        if not st.in_pass:
+            sampler = self._stateful_sampler()
+            if sampler is not None and st.sampler_state is not None:
+                sampler.load_state_dict(st.sampler_state)
+            if self.generator is not None and "generator_state" in st.replay:
+                self.generator.set_state(_gen_state_from_str(st.replay["generator_state"]))
+            elif self._plan.global_shuffle and "sampler_seed" in st.replay:
+                self._predrawn = dict(st.replay)
             self._resume = None
             return
-        self._resume = dict(state)
+        self._resume = st
 
-    def _check_plan_matches(self, state: dict[str, Any]) -> None:
+    def _check_plan_matches(self, state: LoaderState) -> None:
         """Raise StateError unless this loader can continue the plan ``state`` was in."""
         sharded = self._plan.sharded
         for key, mine in (("shuffle", self._plan.shuffle), ("drop_last", self.drop_last),
                           ("seed", self.seed)):
-            theirs = state.get(key, mine)
+            theirs = getattr(state, key)
+            shown = theirs
             if key == "seed" and sharded:  # a sharded plan shuffles with seed 0 by default
                 theirs, mine = theirs or 0, mine or 0
             if theirs != mine:
-                raise StateError(f"the state was taken with {key}={state[key]!r}; this "
+                raise StateError(f"the state was taken with {key}={shown!r}; this "
                                  f"loader has {key}={mine!r}, so it would continue another "
                                  "order")
-        if state.get("world_size") == self.world_size:
+        if state.world_size == self.world_size:
             # ranks in step share one position; what is held back or taken out of
             # order is the rank's own
-            if state.get("rank", self.rank) != self.rank and (
-                    state.get("carry") or state.get("taken_extra")
-                    or state.get("on_error") == "skip"):
-                raise StateError(f"the state is rank {state.get('rank')}'s and holds that "
+            if state.rank != self.rank and (state.carry or state.taken_extra
+                                            or state.on_error == "skip"):
+                raise StateError(f"the state is rank {state.rank}'s and holds that "
                                  f"rank's own progress; this loader is rank {self.rank} of "
                                  f"{self.world_size} (load each rank's own state)")
             return
-        if not state.get("in_pass"):
+        if not state.in_pass:
             return  # between passes: the next epoch starts from scratch on any world size
         if self._plan.user_sampler is not None or self._plan.user_batch_sampler is not None:
             raise StateError("resuming with another world size needs the loader's own "
                              "sharding (no custom sampler)")
-        if state.get("taken_extra"):
+        if state.taken_extra:
             raise StateError("an elastic resume (another world size) needs a state "
                              "taken with in_order=True")
-        if state.get("on_error") == "skip":
+        if state.on_error == "skip":
             raise StateError("an elastic resume (another world size) needs a state taken "
                              "with on_error='raise': with skipping, ranks consume different "
                              "numbers of samples, so no one state says where the epoch stands")
@@ -497,18 +564,43 @@ class AsyncLoader:
 
     # ------------------------------------------------------------ bookkeeping
     def _record_skips(self, b: Batch) -> None:
+        """Record ``b``'s failed samples as skipped (KeyboardInterrupt, SystemExit:
+        raised as they are, never skipped)."""
+        for _, _, e in b.failures:
+            if e is not None and is_fatal(e):
+                raise e
         for _, idx, e in sorted(b.failures, key=lambda f: f[0]):
             err = sample_error(self.dataset, idx, e, b.k)
-            cause = err.cause
-            entry = SkippedSample(index=idx, source=err.source,
-                                  error=f"{type(cause).__name__}: {cause}", epoch=self._epoch,
-                                  batch=b.k)
+            source = err.source if isinstance(err, SampleError) else None
+            cause = err.cause if isinstance(err, SampleError) else e
+            entry = SkippedSample(index=idx, source=source, error=describe(cause),
+                                  epoch=self._epoch, batch=b.k)
             self._stats.skipped.append(entry)
-            self._skip_log.warning(f"asyncfeed: skipped {err}")
+            self._skip_log.warning(f"asyncfeed: skipped {_first_line(err)}")
+            del err, cause
         # drop the exceptions (keep which rows failed): an exception's traceback holds
         # the frames that held ``b``, a cycle that would keep the batch's buffers from
         # the host pool until a garbage collection
         b.failures = [(row, idx, None) for row, idx, _ in b.failures]
+
+
+def _first_line(e: BaseException) -> str:
+    """The message of a rebuilt error without its traceback (for the skip log)."""
+    return str(e).split("\n", 1)[0] if isinstance(e, SampleError) else describe(e)
+
+
+def _snapshotting(plan: Iterator[Any], sampler: Any, progress: PassProgress,
+                  base: int) -> Iterator[Any]:
+    """The plan, with the sampler's own state recorded after each batch drawn (the
+    state a resume after that many batches loads into the sampler)."""
+    if sampler is None:
+        return plan
+
+    def gen() -> Iterator[Any]:
+        for drawn, item in enumerate(plan, start=base + 1):
+            progress.snap_sampler(drawn, sampler.state_dict())
+            yield item
+    return gen()
 
 
 def _let_go(b: Batch) -> None:
@@ -532,7 +624,7 @@ def _close_current(ref_box: list[Any]) -> None:
 
 
 def _shutdown_and_rewind(pipeline: Pipeline, runtime: Runtime, loader_ref: Any,
-                         progress: dict[str, Any]) -> None:
+                         progress: PassProgress) -> None:
     """Finalizer of a dropped iterator: stop its threads without waiting (any thread
     may run it) and rewind a user's generator as the pass was cut short."""
     pipeline.stop()
@@ -543,14 +635,15 @@ def _shutdown_and_rewind(pipeline: Pipeline, runtime: Runtime, loader_ref: Any,
         _rewind(loader, progress)
 
 
-def _rewind(loader: AsyncLoader, progress: dict[str, Any]) -> None:
+def _rewind(loader: AsyncLoader, progress: PassProgress) -> None:
     """Leave a user's generator where DataLoader would leave it after a pass cut
     short: prefetching may have drawn further than the batches taken."""
-    replay = progress.get("replay") or {}
-    if loader.generator is None or "generator_state" not in replay:
+    if loader.generator is None or "generator_state" not in progress.replay:
         return
-    plan, _ = loader._plan.start(progress["epoch"], replay)
-    for _ in range(progress["base"] + len(progress["taken"])):
+    plan, _ = loader._plan.start(progress.epoch, progress.replay)
+    with progress.lock:
+        drawn = progress.base + len(progress.taken)
+    for _ in range(drawn):
         next(plan, None)
 
 
@@ -558,39 +651,32 @@ class _Iterator:
     """One pass of an :class:`AsyncLoader`.
 
     Dropping it (``break`` out of the loop) stops its threads; ``close()`` stops
-    and joins them.  After the loader starts another pass, ``next()`` raises
-    :class:`LoaderClosedError`.
+    and joins them; the loader keeps the pass's position (``progress``) for
+    ``state_dict()`` until its next ``iter()``.  After the loader starts another
+    pass, ``next()`` raises :class:`LoaderClosedError`.  ``next()`` may be called
+    from several threads: the calls are serialised (each batch goes to one caller).
     """
 
-    def __init__(self, loader: AsyncLoader, pipeline: Pipeline, runtime: Runtime) -> None:
+    def __init__(self, loader: AsyncLoader, pipeline: Pipeline, runtime: Runtime,
+                 progress: PassProgress) -> None:
         self._loader = loader
         self._p = pipeline
         self._runtime = runtime
+        self._progress = progress
+        self._next_lock = threading.Lock()
         self._closed_reason: str | None = None
         self._done = False
         self._carry: list[tuple[Any, Any]] = []
         self._emitted = 0
         self._last_n = 0                     # samples in the batch just handed out
-        self._replay: dict[str, Any] = {}
-        self._base = 0                       # plan batches consumed before this pass
-        self._offset0 = 0                    # sharded: global positions consumed before
-        self._resharded_from: int | None = None  # an elastic resume's plan origin
-        self._taken_ids: set[int] = set()    # plan batches taken in this pass (ids from 0)
-        self._taken_samples = 0              # planned samples of the taken batches
-        self._progress = {"replay": {}, "base": 0, "taken": self._taken_ids,
-                          "epoch": loader._epoch}
         self._finalizer = weakref.finalize(self, _shutdown_and_rewind, pipeline, runtime,
-                                           weakref.ref(loader), self._progress)
+                                           weakref.ref(loader), progress)
+        if progress.carry:
+            self._set_carry(self._reload(progress.carry))
 
-    def _set_origin(self, replay: dict[str, Any], pos: dict[str, Any]) -> None:
-        self._replay = replay
-        self._base = pos["base"]
-        self._offset0 = pos["offset"]
-        self._resharded_from = pos["resharded_from"]
-        self._taken_ids.update(k - self._base for k in pos["extra"])
-        self._progress.update(replay=replay, base=self._base)
-        if pos["carry"]:
-            self._carry = self._reload(pos["carry"])
+    def _set_carry(self, carry: list[tuple[Any, Any]]) -> None:
+        self._carry = carry
+        self._progress.set_carry([idx for idx, _ in carry])
 
     def _reload(self, indices: list[Any]) -> list[tuple[Any, Any]]:
         """Load the samples a checkpoint had carried over (skip mode), here and now."""
@@ -603,17 +689,6 @@ class _Iterator:
                     raise sample_error(self._loader.dataset, idx, e, None)
         return out
 
-    def _position(self) -> dict[str, Any]:
-        prefix = 0
-        while prefix in self._taken_ids:
-            prefix += 1
-        extra = sorted(self._base + k for k in self._taken_ids if k > prefix)
-        ws = self._loader.world_size
-        return {"in_pass": True, "batches_taken": self._base + prefix, "taken_extra": extra,
-                "offset": self._offset0 + self._taken_samples * ws,
-                "carry": [idx for idx, _ in self._carry], "replay": dict(self._replay),
-                "resharded_from": self._resharded_from}
-
     def _start(self) -> None:
         self._p.top_up()
 
@@ -624,29 +699,31 @@ class _Iterator:
         return len(self._loader)
 
     def __next__(self) -> Any:
-        if self._closed_reason is not None:
-            raise LoaderClosedError(f"this iterator is closed: {self._closed_reason}")
-        if self._done:
-            raise StopIteration
-        t0 = time.perf_counter()
-        try:
-            if self._loader.on_error == "skip" and self._loader.in_order \
-                    and not self._loader._iterable:
-                out = self._next_skipping()
-            else:
-                out = self._next_plain()
-        except StopIteration:
-            self._done = True
-            self._close(None)
-            raise
-        finally:
-            self._loader._stats.wait_s += time.perf_counter() - t0
-        st = self._loader._stats
-        st.batches += 1
-        st.samples += self._last_n
-        if st.path == "":
-            st.path = "collate"
-        return out
+        with self._next_lock:
+            if self._closed_reason is not None:
+                raise LoaderClosedError(f"this iterator is closed: {self._closed_reason}")
+            if self._done:
+                raise StopIteration
+            t0 = time.perf_counter()
+            try:
+                if self._loader.on_error == "skip" and self._loader.in_order \
+                        and not self._loader._iterable:
+                    out = self._next_skipping()
+                else:
+                    out = self._next_plain()
+            except StopIteration:
+                self._done = True
+                self._progress.done = True
+                self._close(None)
+                raise
+            finally:
+                self._loader._stats.wait_s += time.perf_counter() - t0
+            st = self._loader._stats
+            st.batches += 1
+            st.samples += self._last_n
+            if st.path == "":
+                st.path = "collate"
+            return out
 
     # plain: one planned batch → one delivered batch
     def _next_plain(self) -> Any:
@@ -658,8 +735,10 @@ class _Iterator:
             if b.failures and b.output is not None:      # iterable stream, skipping
                 loader._record_skips(b)
             elif b.failures:
-                if loader.on_error == "raise":
-                    row, idx, e = min(b.failures, key=lambda f: f[0])
+                fatal = [f for f in b.failures if f[2] is not None and is_fatal(f[2])]
+                if loader.on_error == "raise" or fatal:
+                    row, idx, e = fatal[0] if fatal else min(b.failures, key=lambda f: f[0])
+                    assert e is not None
                     raise sample_error(loader.dataset, idx, e, b.k)
                 loader._record_skips(b)                  # in_order=False: short batch
                 good = b.good_samples_host
@@ -680,7 +759,7 @@ class _Iterator:
                 self._emitted += 1
                 return self._deliver(b)
             loader._record_skips(b)
-            self._carry.extend(b.good_samples_host)
+            self._set_carry(self._carry + b.good_samples_host)
             _let_go(b)
         target = (loader.batch_size or 1) if loader._plan.user_batch_sampler is None \
             else p.sizes[min(self._emitted, len(p.sizes) - 1)]
@@ -692,13 +771,14 @@ class _Iterator:
             if b.error is not None:
                 raise _batch_error(loader.dataset, b)
             loader._record_skips(b)
-            self._carry.extend(b.good_samples_host)
+            self._set_carry(self._carry + b.good_samples_host)
             _let_go(b)
         if not self._carry:
             raise StopIteration
-        chunk, self._carry = self._carry[:target], self._carry[target:]
+        chunk = self._carry[:target]
+        self._set_carry(self._carry[target:])
         if len(chunk) < target and loader.drop_last and loader.batch_size is not None:
-            self._carry = []
+            self._set_carry([])
             raise StopIteration
         self._emitted += 1
         return self._emit([s for _, s in chunk])
@@ -715,9 +795,9 @@ class _Iterator:
             b = p.wait(k, loader.timeout)
             if b is None:
                 raise StopIteration
-            self._taken_ids.add(b.k)
-            self._taken_samples += b.n
-            if b.n:
+            end = (b.indices[-1] + 1 if b.indices else None) if loader._iterable else None
+            self._progress.took(b.k, b.n, end)
+            if b.n or b.error is not None:
                 break
             p.release(b)
             p.top_up()
@@ -772,15 +852,16 @@ class _Iterator:
         self._close("closed")
 
 
-def _batch_error(dataset: Any, b: Batch) -> AsyncFeedError:
+def _batch_error(dataset: Any, b: Batch) -> BaseException:
+    """What the consumer raises for a batch-level error: a sampler's error as it is;
+    a ``__getitems__`` or ``collate_fn`` error as an exception of its type that is
+    also a :class:`SampleError` naming the batch."""
     e = b.error
     assert e is not None
-    if isinstance(e, AsyncFeedError):
+    if isinstance(e, AsyncFeedError) or is_fatal(e) or b.mode == "plan":
         return e
     if b.mode == "batch":
-        err = SampleError(b.indices, None, e, b.k)
-    else:
-        err = AsyncFeedError(f"batch {b.k} (indices {b.indices[:8]}"
-                             f"{'...' if b.n > 8 else ''}) failed: {type(e).__name__}: {e}")
-    err.__cause__ = e
-    return err
+        return rebuild_error(e, b.indices, None, b.k)
+    shown = f"{b.indices[:8]}{'...' if b.n > 8 else ''}"
+    return rebuild_error(e, b.indices, None, b.k,
+                         subject=f"collating (indices {shown})")

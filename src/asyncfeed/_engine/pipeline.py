@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._memory.device import CopyStream, pin
-from .._errors import LoaderClosedError, LoaderTimeout, SampleError
+from .._errors import LoaderClosedError, LoaderTimeout, SampleError, is_fatal, rebuild_error
 from ..protocols import NamedSamples
 from .capabilities import Capabilities
 from . import rowtasks
@@ -69,7 +69,7 @@ class Batch:
         self.k = k
         self.indices = indices
         self.n = len(indices)
-        self.mode = mode                  # "ring" | "collate" | "batch"
+        self.mode = mode                  # "ring" | "collate" | "batch" | "plan" (sampler failed)
         self.bufs: list[Any] | None = None
         self.slot: Slot | None = None
         self.samples: list[Any] = [None] * self.n
@@ -103,9 +103,11 @@ class Pipeline:
                  io_concurrency: int, use_fetch: bool, copy: CopyStream | None,
                  pin_host: bool, ring: Callable[[Layout, int], SlotRing | None],
                  batch_size: int | None,
-                 host_bufs: Callable[[Layout, int], list[Any]]) -> None:
+                 host_bufs: Callable[[Layout, int], list[Any]],
+                 in_order: bool = True) -> None:
         self.dataset = dataset
         self.caps = caps
+        self.in_order = in_order
         self.plan = plan
         self.auto_collation = auto_collation
         self.collate = collate
@@ -146,8 +148,10 @@ class Pipeline:
         written in place, so the batches after it are.  With reads on the event
         loop, latency matters more than cores: every batch's reads start at once
         (those planned before the layout was known are collated into buffers).
+        Out of order (``in_order=False``) too: a slow first batch must not hold
+        back the others, which is what out-of-order delivery is for.
         """
-        return self.prefetch if self.taken > 0 or self.use_fetch else 1
+        return self.prefetch if self.taken > 0 or self.use_fetch or not self.in_order else 1
 
     def _room(self) -> bool:
         return not self.exhausted and self.submitted - self.taken < self._ahead()
@@ -161,6 +165,15 @@ class Pipeline:
                 with self.cond:
                     self.exhausted = True
                     self.cond.notify_all()
+                return
+            except Exception as e:  # noqa: BLE001 - a sampler's error, raised at its batch
+                b = Batch(self.submitted, [], "plan")
+                b.error = e
+                self.sizes.append(0)
+                self.submitted += 1
+                with self.cond:
+                    self.exhausted = True
+                self._mark_ready(b)
                 return
             indices = list(item) if self.auto_collation else [item]
             self._submit(Batch(self.submitted, indices, self._mode_for(len(indices))))
@@ -236,9 +249,10 @@ class Pipeline:
                 self.cond.wait(remaining if remaining is not None else 1.0)
 
     def _timeout_message(self, k: int | None, timeout: float | None) -> str:
+        """DataLoader's "timed out after N seconds", naming the samples still pending."""
         waiting = [f"batch {b.k} waits for samples {b.pending()[:8]}" for b in self._inflight]
-        return (f"no batch arrived within timeout={timeout}s"
-                + (f" (waiting for batch {k})" if k is not None else "")
+        return (f"AsyncLoader timed out after {timeout} seconds (timeout={timeout})"
+                + (f" waiting for batch {k}" if k is not None else "")
                 + ("; " + "; ".join(waiting[:3]) if waiting else ""))
 
     def release(self, b: Batch) -> None:
@@ -454,20 +468,20 @@ class Pipeline:
         return out
 
 
-def sample_error(dataset: Any, idx: Any, e: BaseException, batch: int | None) -> SampleError:
-    """``e`` as a SampleError naming the sample (an existing SampleError gets the batch)."""
-    if isinstance(e, SampleError):
-        if e.batch is None:
-            e.batch = batch
-            e.args = (str(SampleError(e.index, e.source, e.cause, batch)),)
-        return e
-    source = None
+def sample_source(dataset: Any, idx: Any) -> str | None:
+    """The path or URL the dataset names for ``idx`` (None when it cannot)."""
     if isinstance(dataset, NamedSamples):
         try:
-            source = dataset.sample_source(idx)
+            return dataset.sample_source(idx)
         except Exception:  # noqa: BLE001 - a name is a courtesy, not a requirement
-            source = None
-    err = SampleError(idx, source, e, batch)
-    err.__cause__ = e
-    return err
+            return None
+    return None
 
+
+def sample_error(dataset: Any, idx: Any, e: BaseException, batch: int | None) -> BaseException:
+    """What the consumer raises for sample ``idx``'s error ``e``: an exception of
+    ``e``'s type that is also a :class:`SampleError` naming the sample (see
+    ``rebuild_error``); KeyboardInterrupt and SystemExit as they are."""
+    if is_fatal(e) or isinstance(e, SampleError):
+        return rebuild_error(e, idx, None, batch)
+    return rebuild_error(e, idx, sample_source(dataset, idx), batch)

@@ -150,22 +150,34 @@ class IndexPlan:
             return sampler
         return BatchSampler(sampler, self.batch_size, self.drop_last)
 
-    def start(self, epoch: int, replay: dict[str, Any] | None = None
+    @property
+    def global_shuffle(self) -> bool:
+        """Whether the order is drawn from torch's global RNG at each ``iter()``."""
+        return (self.shuffle and self.user_sampler is None and not self.sharded
+                and self.generator is None and self.seed is None)
+
+    def predraw(self) -> dict[str, Any]:
+        """Make now the global-RNG draws the next ``start`` would make (DataLoader's base
+        seed, then the sampler's seed); hand the result to ``start(predrawn=True)``."""
+        torch.empty((), dtype=torch.int64).random_()
+        return {"sampler_seed": int(torch.empty((), dtype=torch.int64).random_().item())}
+
+    def start(self, epoch: int, replay: dict[str, Any] | None = None, predrawn: bool = False
               ) -> tuple[Iterator[Any], dict[str, Any]]:
         """The epoch's batches, consuming RNG exactly as DataLoader's ``iter()`` does,
         and the epoch's replay record.  With ``replay`` (from an earlier ``start``),
-        the same plan again."""
+        the same plan again; with ``predrawn``, ``replay`` is from ``predraw()`` and
+        the global RNG is not drawn from again."""
         replay = dict(replay or {})
         if self.generator is not None:
             if "generator_state" in replay:
                 self.generator.set_state(_gen_state_from_str(replay["generator_state"]))
             replay = {"generator_state": _gen_state_to_str(self.generator)}
-        global_shuffle = (self.shuffle and self.user_sampler is None and not self.sharded
-                          and self.generator is None and self.seed is None)
-        if global_shuffle:
+        if self.global_shuffle:
             # DataLoader: iter(sampler), base seed drawn, then RandomSampler draws its
             # seed from the global RNG.  Same draws, but the seed is kept for replay.
-            torch.empty((), dtype=torch.int64).random_()
+            if not predrawn:
+                torch.empty((), dtype=torch.int64).random_()
             if "sampler_seed" not in replay:
                 replay["sampler_seed"] = int(torch.empty((), dtype=torch.int64).random_().item())
             it = iter(self.index_sampler(epoch, replay["sampler_seed"]))
