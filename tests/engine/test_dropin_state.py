@@ -211,7 +211,11 @@ def test_iterable_dataset_resumes_mid_epoch(name, cls, k):
     rest = [ids(b) for b in resumed]
     _close(resumed)
     assert taken + rest == full
-    if cls is Positioned:                          # its own state: no re-reading
+    if cls is Positioned and name == "AsyncLoader":
+        # its own state, snapshot as chunks are pulled: at most the chunk before the
+        # position is read again (the next chunk may not have been pulled yet)
+        assert 4 * k - 4 <= ds.first_made <= 4 * k and ds.made == 30 - ds.first_made
+    elif cls is Positioned:
         assert ds.first_made == 4 * k and ds.made == 30 - 4 * k
 
 
