@@ -118,13 +118,16 @@ class PassProgress:
                  offset: int = 0, extra: list[int] | None = None,
                  carry: list[Any] | None = None, resharded_from: int | None = None,
                  sampler_state: Any = None, stream_start: int = 0) -> None:
-        self.lock = threading.Lock()
+        # reentrant: a garbage collection inside a locked section may run the dropped
+        # iterator's finalizer, which reads this record in the same thread
+        self.lock = threading.RLock()
         self.epoch = epoch
         self.replay: dict[str, Any] = dict(replay or {})
         self.base = base
         self.offset0 = offset
         self.resharded_from = resharded_from
         self.taken: set[int] = {k - base for k in (extra or [])}
+        self.prefix = 0                  # batches 0..prefix-1 of this pass all taken
         self.taken_samples = 0
         self.carry: list[Any] = list(carry or [])   # indices carried over (skip mode)
         self.done = False
@@ -144,6 +147,19 @@ class PassProgress:
             self.taken_samples += n
             if end is not None:
                 self.stream_ends[k] = end
+            if k != self.prefix:
+                return
+            while self.prefix in self.taken:
+                self.prefix += 1
+            # what a state can no longer need (a pass nobody asks the state of must
+            # not grow a snapshot per batch)
+            drawn = self.base + self.prefix
+            for d in [d for d in self.sampler_snaps if d < drawn]:
+                del self.sampler_snaps[d]
+            if self.stream is not None:
+                for j in [j for j in self.stream_ends if j < self.prefix - 1]:
+                    del self.stream_ends[j]
+                self.stream.prune(self._items())
 
     def set_carry(self, indices: list[Any]) -> None:
         with self.lock:
@@ -154,10 +170,15 @@ class PassProgress:
             self.sampler_snaps[drawn] = copy.deepcopy(state)
 
     def _prefix(self) -> int:
-        prefix = 0
-        while prefix in self.taken:
-            prefix += 1
-        return prefix
+        while self.prefix in self.taken:
+            self.prefix += 1
+        return self.prefix
+
+    def _items(self) -> int:
+        """Stream items used by the batches of the taken prefix (iterable passes)."""
+        if not self.prefix:
+            return self.stream_start
+        return self.stream_ends.get(self.prefix - 1, self.stream_start)
 
     def fill(self, st: LoaderState, world_size: int) -> None:
         """Write this pass's position into ``st`` (a mid-pass state)."""
@@ -173,8 +194,6 @@ class PassProgress:
             st.resharded_from = self.resharded_from
             if prefix:
                 st.sampler_state = self.sampler_snaps.get(self.base + prefix)
-                for drawn in [d for d in self.sampler_snaps if d < self.base + prefix]:
-                    del self.sampler_snaps[drawn]
             else:
                 st.sampler_state = self.sampler_state0
             if self.stream is not None:
@@ -182,6 +201,4 @@ class PassProgress:
                     raise StateError("a mid-pass state of an IterableDataset needs the "
                                      "batches taken in stream order (in_order=True): a "
                                      "later batch has overtaken an earlier one")
-                items = self.stream_ends.get(prefix - 1, self.stream_start) if prefix \
-                    else self.stream_start
-                st.stream = self.stream.state_at(items)
+                st.stream = self.stream.state_at(self._items())

@@ -95,17 +95,25 @@ class StreamTracker:
         with self._lock:
             self._snaps[position] = (ds, its)
 
+    def prune(self, items: int) -> None:
+        """Drop the snapshots no state for position ``items`` or later can use."""
+        with self._lock:
+            below = [p for p in self._snaps if p <= items]
+            if below:
+                at = max(below)
+                for p in below:
+                    if p < at:
+                        del self._snaps[p]
+
     def state_at(self, items: int) -> dict[str, Any]:
         """The ``stream`` entry of a state for a pass whose batches handed out end at
-        stream position ``items`` (older snapshots are dropped)."""
+        stream position ``items``."""
+        self.prune(items)
         with self._lock:
             below = [p for p in self._snaps if p <= items]
             if not below:
                 return {"items": items, "at": 0, "dataset": None, "iter": None}
             at = max(below)
-            for p in below:
-                if p < at:
-                    del self._snaps[p]
             ds, its = self._snaps[at]
         return {"items": items, "at": at, "dataset": copy.deepcopy(ds),
                 "iter": copy.deepcopy(its)}
