@@ -119,16 +119,16 @@ def is_fatal(e: BaseException) -> bool:
     return not isinstance(e, Exception)
 
 
-_typed_classes: dict[type, type] = {}
+_typed_classes: dict[type, type[SampleError]] = {}
 _typed_lock = threading.Lock()
 
 
-def _typed_class(base: type) -> type:
+def _typed_class(base: type) -> type[SampleError]:
     """A subclass of ``SampleError`` and ``base``, named like ``base`` (made once)."""
     with _typed_lock:
         cls = _typed_classes.get(base)
         if cls is None:
-            cls = type(base.__name__, (SampleError, base), {
+            cls = type(base.__name__, (SampleError, base), {  # type: ignore[assignment]
                 "__module__": base.__module__, "__qualname__": base.__qualname__,
                 "__str__": SampleError.__str__, "__reduce__": _typed_reduce,
                 "__doc__": f"A sample failed with {base.__qualname__} (see SampleError)."})
@@ -154,7 +154,7 @@ def _build(base: type, index: object, source: str | None, cause: BaseException,
         err.__dict__.update(cause.__dict__)   # a user exception's own attributes
     except (AttributeError, TypeError):
         pass
-    if isinstance(cause, OSError):
+    if isinstance(cause, OSError) and isinstance(err, OSError):
         err.errno, err.strerror, err.filename, err.filename2 = (
             cause.errno, cause.strerror, cause.filename, cause.filename2)
     err._setup(index, source, cause, batch, tb, subject)

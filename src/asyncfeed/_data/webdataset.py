@@ -300,10 +300,11 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         its batches are pulled, so a resume continues after the last batch handed out.
         """
         p = self._pass
+        position: dict[str, Any] | None
         if p is not None and not p.finished:
             position = p.position()
         else:
-            position = copy.deepcopy(self._resume_at)
+            position = None if self._resume_at is None else copy.deepcopy(self._resume_at)
         return {"epoch": self.epoch, "position": position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

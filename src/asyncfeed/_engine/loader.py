@@ -570,6 +570,8 @@ class AsyncLoader(Generic[T_co]):
             if e is not None and is_fatal(e):
                 raise e
         for _, idx, e in sorted(b.failures, key=lambda f: f[0]):
+            if e is None:
+                continue  # recorded already
             err = sample_error(self.dataset, idx, e, b.k)
             source = err.source if isinstance(err, SampleError) else None
             cause = err.cause if isinstance(err, SampleError) else e

@@ -68,7 +68,7 @@ class StreamTracker:
         self._it_state = it is not self.dataset and has_state(it)
         if r is not None and r.get("iter") is not None:
             if self._it_state:
-                it.load_state_dict(copy.deepcopy(r["iter"]))
+                it.load_state_dict(copy.deepcopy(r["iter"]))  # type: ignore[attr-defined]
             elif r.get("dataset") is None:
                 at = 0
         for _ in range(max(0, items - at)):
