@@ -17,7 +17,7 @@ from ._data.folder import IMG_EXTENSIONS, ImageFolder
 from ._data.image import decode_image
 from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
 from ._engine.loader import AsyncLoader
-from ._engine.stats import LoaderStats, SkippedSample
+from ._engine.stats import IOStats, LoaderStats, SkippedSample
 from ._errors import (AsyncFeedError, LoaderClosedError, LoaderTimeout, RemoteReadError,
                       RemoteTimeoutError, SampleError, StateError)
 from ._io.local import LocalSource
@@ -38,6 +38,7 @@ __all__ = [
     "DeviceTransfer",
     "FsspecSource",
     "IMG_EXTENSIONS",
+    "IOStats",
     "ImageDecoder",
     "ImageFolder",
     "ImageLabelDecoder",

@@ -48,7 +48,7 @@ def test_quick_run_succeeds(quick):
     proc = quick["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for head in ("(a) JPEG folder", "(b) data set held in RAM", "(c) pure-Python",
-                 "(d) time to first batch", "(e) the folder over loopback HTTP", "limit"):
+                 "(d) time to first batch", "(e) the folder on remote storage", "limit"):
         assert head in proc.stdout
     assert "asyncfeed bench" in proc.stderr  # the progress bar
 

@@ -24,6 +24,24 @@ def _ints(text: str) -> tuple[int, ...]:
     return vals
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _tail(args: argparse.Namespace) -> dict | None:
+    """Workload e's TailModel fields from the flags (None: a fixed latency)."""
+    p99, errors, stalls = args.p99, args.errors, args.stalls
+    if args.tail:
+        p99, errors, stalls = p99 or 0.25, errors or 0.1, stalls or 0.01
+    if not (p99 or errors or stalls):
+        return None
+    return {"median": args.latency, "p99": p99, "error_rate": errors, "stall_rate": stalls,
+            "stall_s": args.stall_s, "seed": args.seed}
+
+
 def _names(choices: Sequence[str]):
     def parse(text: str) -> tuple[str, ...]:
         vals = tuple(v.strip() for v in text.split(",") if v.strip())
@@ -65,7 +83,24 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--ceiling-threads", type=_ints, default=(8, 16, 32, 64, 128, 256),
                    help="thread counts of the ceiling workload (8,16,32,64,128,256)")
     b.add_argument("--latency", type=float, default=0.02,
-                   help="seconds per HTTP request in workload e (0.02)")
+                   help="seconds per HTTP request in workload e (0.02; the median with --p99)")
+    b.add_argument("--p99", type=float, default=0.0,
+                   help="workload e: the servers' latency is lognormal with this 99th "
+                        "percentile (seconds; 0: fixed)")
+    b.add_argument("--errors", type=float, default=0.0,
+                   help="workload e: share of first attempts answered 503")
+    b.add_argument("--stalls", type=float, default=0.0,
+                   help="workload e: share of requests stalling --stall-s seconds")
+    b.add_argument("--stall-s", type=float, default=2.0)
+    b.add_argument("--tail", action="store_true",
+                   help="workload e: the realistic server: --p99 0.25 --errors 0.1 --stalls 0.01")
+    b.add_argument("--remote", type=_names(("http", "s3", "mount")), default=("http",),
+                   help="workload e's storage: comma-separated http,s3 (moto behind a proxy),"
+                        "mount (a FUSE passthrough of the folder; needs /dev/fuse) (http)")
+    b.add_argument("--mount-ms", type=_floats, default=(2.0, 10.0),
+                   help="workload e, mount: milliseconds per open and per first read (2,10)")
+    b.add_argument("--remote-samples", type=int, default=None,
+                   help="samples per run in workload e (2/5 of --samples)")
     b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
                    help="comma-separated subset of " + ",".join(FAMILIES))
     b.add_argument("--repeats", type=int, default=None,
@@ -195,8 +230,10 @@ def bench(args: argparse.Namespace) -> int:
             root=data["root"], synthetic=data["synthetic"], listing=data["listing"],
             size=args.size, batch_size=batch,
             workloads=_workloads(args),
-            samples_remote=samples if quick else max(batch, samples * 2 // 5),
-            latency=args.latency,
+            samples_remote=args.remote_samples or (samples if quick
+                                                   else max(batch, samples * 2 // 5)),
+            latency=args.latency, tail=_tail(args), remotes=tuple(args.remote),
+            mount_ms=tuple(args.mount_ms),
             families=tuple(args.contenders), repeats=args.repeats or (1 if quick else 3),
             samples=samples, samples_ram=samples if quick else max(batch, samples * 4 // 5),
             samples_gil=max(batch, samples // 2),

@@ -28,7 +28,10 @@ class Settings:
     cores: int = 2
     ram_mb: float = 192.0       # Python objects held by workload b's data set
     samples_remote: int = 256   # workload e
-    latency: float = 0.02       # workload e: seconds per HTTP request
+    latency: float = 0.02       # workload e: seconds per HTTP request (the median with tail)
+    tail: dict | None = None    # workload e: the servers' TailModel (p99, error_rate...)
+    remotes: tuple[str, ...] = ("http",)  # workload e: http, s3, mount
+    mount_ms: tuple[float, float] = (2.0, 10.0)  # workload e, mount: per open, per first read
     step_load: float = 0.85     # simulated step consumes data at this fraction of the limit
     device: str = "cpu"
     timeout: float = 300.0

@@ -20,16 +20,90 @@ import asyncio
 import contextlib
 import fnmatch
 import html
+import math
 import os
+import random
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from aiohttp import web
 
+if TYPE_CHECKING:
+    import argparse
+
 FaultKind = Literal["status", "stall", "drop", "delay"]
+
+
+@dataclass(frozen=True)
+class TailModel:
+    """A remote store's latency, as the server plays it (each part can be turned off).
+
+    Every request waits a lognormal time with median ``median`` seconds and 99th
+    percentile ``p99`` (``sigma = ln(p99 / median) / 2.326``; ``p99 <= median``:
+    a fixed ``median``).  ``error_rate`` of first attempts are answered ``503``
+    (the retry of a path answered 503 is served normally: a store shedding load,
+    not a broken object).  ``stall_rate`` of requests wait ``stall_s`` more before
+    sending any byte (a stuck request).  ``seed`` makes the draws repeatable for
+    a given arrival order.
+    """
+
+    median: float = 0.02
+    p99: float = 0.25
+    error_rate: float = 0.0
+    stall_rate: float = 0.0
+    stall_s: float = 2.0
+    seed: int = 0
+
+    @property
+    def sigma(self) -> float:
+        if self.median <= 0 or self.p99 <= self.median:
+            return 0.0
+        return math.log(self.p99 / self.median) / 2.3263
+
+    def describe(self) -> str:
+        parts = [f"lognormal median {self.median * 1e3:g} ms, p99 {self.p99 * 1e3:g} ms"
+                 if self.sigma else f"{self.median * 1e3:g} ms"]
+        if self.error_rate:
+            parts.append(f"{self.error_rate:.0%} of first attempts 503")
+        if self.stall_rate:
+            parts.append(f"{self.stall_rate:.0%} stall {self.stall_s:g} s")
+        return ", ".join(parts)
+
+
+class _TailState:
+    """The draws of a :class:`TailModel` (server thread only)."""
+
+    def __init__(self, model: TailModel) -> None:
+        self.model = model
+        self.rng = random.Random(model.seed)
+        self.refused: set[str] = set()   # paths answered 503, whose next request succeeds
+        self.errors = 0
+        self.stalls = 0
+
+    def delay(self) -> float:
+        m = self.model
+        if m.median <= 0:
+            return 0.0
+        d = m.median * math.exp(self.rng.gauss(0.0, m.sigma)) if m.sigma else m.median
+        if m.stall_rate and self.rng.random() < m.stall_rate:
+            self.stalls += 1
+            d += m.stall_s
+        return d
+
+    def refuse(self, rel: str) -> bool:
+        if not self.model.error_rate:
+            return False
+        if rel in self.refused:
+            self.refused.discard(rel)
+            return False
+        if self.rng.random() < self.model.error_rate:
+            self.refused.add(rel)
+            self.errors += 1
+            return True
+        return False
 
 
 @dataclass
@@ -76,11 +150,15 @@ class ThreadedHTTPServer:
     before answering every request (an ``asyncio.sleep``: many requests wait at
     once, as they would on a remote server).  ``requests`` counts requests per
     relative path; ``in_flight``/``max_in_flight`` count requests being answered.
+    ``tail`` (a :class:`TailModel`) replaces ``latency`` with a latency
+    distribution, first-attempt 503s and stalls, applied to file requests (paths
+    not ending in ``/``); ``tail_errors``/``tail_stalls`` count what it did.
     """
 
     def __init__(self, *, latency: float = 0.0, host: str = "127.0.0.1", port: int = 0,
-                 thread_name: str = "asyncfeed-httpserve") -> None:
+                 thread_name: str = "asyncfeed-httpserve", tail: TailModel | None = None) -> None:
         self.latency = float(latency)
+        self._tail = _TailState(tail) if tail is not None else None
         self.host = host
         self.port = port
         self.requests: Counter[str] = Counter()
@@ -119,6 +197,14 @@ class ThreadedHTTPServer:
         """Requests seen so far for ``path`` (relative to the root, unquoted)."""
         with self._lock:
             return self.requests[path.lstrip("/")]
+
+    @property
+    def tail_errors(self) -> int:
+        return self._tail.errors if self._tail is not None else 0
+
+    @property
+    def tail_stalls(self) -> int:
+        return self._tail.stalls if self._tail is not None else 0
 
     def reset_counts(self) -> None:
         with self._lock:
@@ -211,7 +297,15 @@ class ThreadedHTTPServer:
     async def _handle_one(self, request: web.BaseRequest) -> web.StreamResponse:
         rel = unquote(urlsplit(request.raw_path).path).lstrip("/")
         fault = self._fault_for(rel)
-        if self.latency > 0:
+        tail = self._tail if not rel.endswith("/") and rel else None
+        if tail is not None:
+            with self._lock:
+                wait, refuse = tail.delay(), tail.refuse(rel)
+            if wait > 0:
+                await self._wait_closing(wait)
+            if refuse:
+                return self._tail_error(rel)
+        elif self.latency > 0:
             await asyncio.sleep(self.latency)
         if fault is not None and fault.kind == "delay":
             await self._wait_closing(fault.delay)
@@ -221,6 +315,10 @@ class ThreadedHTTPServer:
             headers.setdefault("Content-Type", "text/plain")
             return web.Response(status=fault.status, headers=headers, body=body.encode())
         return await self._answer(request, rel, fault)
+
+    def _tail_error(self, rel: str) -> web.StreamResponse:
+        """The answer of a request the tail model refuses (a subclass may say it its way)."""
+        return web.Response(status=503, text=f"slow down: {rel}\n")
 
     async def _answer(self, request: web.BaseRequest, rel: str,
                       fault: Fault | None) -> web.StreamResponse:
@@ -266,8 +364,9 @@ class DirectoryServer(ThreadedHTTPServer):
 
     def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0,
                  host: str = "127.0.0.1", port: int = 0,
-                 thread_name: str = "asyncfeed-httpserve") -> None:
-        super().__init__(latency=latency, host=host, port=port, thread_name=thread_name)
+                 thread_name: str = "asyncfeed-httpserve", tail: TailModel | None = None) -> None:
+        super().__init__(latency=latency, host=host, port=port, thread_name=thread_name,
+                         tail=tail)
         self.root = os.path.realpath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"no such directory: {self.root}")
@@ -354,8 +453,30 @@ def serve_directory(root: str | os.PathLike[str], latency: float = 0.02,
         yield server.url
 
 
+def add_tail_arguments(ap: argparse.ArgumentParser) -> None:
+    """The :class:`TailModel` flags (shared by the bench's servers)."""
+    ap.add_argument("--p99", type=float, default=0.0,
+                    help="99th percentile of a lognormal latency whose median is --latency "
+                         "(seconds; 0: a fixed latency)")
+    ap.add_argument("--errors", type=float, default=0.0,
+                    help="share of first attempts answered 503 (retries succeed)")
+    ap.add_argument("--stalls", type=float, default=0.0,
+                    help="share of requests that stall --stall-s seconds before any byte")
+    ap.add_argument("--stall-s", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def tail_from_arguments(args: argparse.Namespace) -> TailModel | None:
+    """The model the flags describe, or None for a plain fixed latency."""
+    if not (args.p99 or args.errors or args.stalls):
+        return None
+    return TailModel(median=args.latency, p99=args.p99, error_rate=args.errors,
+                     stall_rate=args.stalls, stall_s=args.stall_s, seed=args.seed)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m asyncfeed._bench.httpserve ROOT [--latency S] [--port N]``: serve until SIGTERM/SIGINT.
+    """``python -m asyncfeed._bench.httpserve ROOT [--latency S] [--p99 S] [--errors P]
+    [--stalls P] [--port N]``: serve until SIGTERM/SIGINT.
 
     Prints the base URL on the first line of stdout, so a parent process can run the
     server out of its own process (its CPU and GIL apart from the loader's) and read
@@ -366,12 +487,15 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m asyncfeed._bench.httpserve", description=main.__doc__)
     ap.add_argument("root")
-    ap.add_argument("--latency", type=float, default=0.02, help="seconds added per request")
+    ap.add_argument("--latency", type=float, default=0.02,
+                    help="seconds added per request (the median with --p99)")
+    add_tail_arguments(ap)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    with DirectoryServer(args.root, latency=args.latency, host=args.host, port=args.port) as s:
+    with DirectoryServer(args.root, latency=args.latency, host=args.host, port=args.port,
+                         tail=tail_from_arguments(args)) as s:
         print(s.url, flush=True)
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
 

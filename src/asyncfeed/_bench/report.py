@@ -136,14 +136,29 @@ def render(results: dict) -> str:
                             "close s"], rows))
     if "e" in summ:
         lat = s.get("latency", 0.02) * 1e3
-        rows = [[_name(r), f"{lat:.0f} ms" if r["dataset"] == "remote" else "0 ms",
+        where = {"remote": "http", "remote0": "http 0 ms", "s3": "s3", "s30": "s3 0 ms",
+                 "mount": "mount", "mount0": "page cache"}
+        rows = [[_name(r), where.get(r["dataset"], r["dataset"]),
                  _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_ref"), ".2f"),
                  _fmt(r.get("vs_dataloader_best"), ".2f"), _fmt(r.get("vs_zero_latency"), ".2f"),
+                 _fmt(r.get("extra_requests"), ".1%"),
                  _fmt(r.get("cpu_per_sample_ms"), ".2f")] for r in summ["e"]]
-        parts.append(f"\n(e) {WORKLOADS['e']}: {s.get('samples_remote')} samples per run; the "
-                     "server is a separate process (its CPU is not counted)")
-        parts.append(table(["contender", "latency", "samples/s", "x w=cores", "x best w",
-                            "x at 0 ms", "CPU ms/sample"], rows))
+        if s.get("tail"):
+            from .httpserve import TailModel
+            model = TailModel(**s["tail"]).describe()
+        else:
+            model = f"{lat:.0f} ms per request"
+        parts.append(f"\n(e) {WORKLOADS['e']}: {s.get('samples_remote')} samples per run; "
+                     f"servers: {model}")
+        if "mount" in s.get("remotes", ()):
+            o, r1 = s.get("mount_ms", (2.0, 10.0))
+            parts.append(f"mount: FUSE passthrough, {o:g} ms per open, {r1:g} ms per first read")
+        parts.append("the servers are separate processes (their CPU is not counted); "
+                     "x at 0 ms: against the same contender with a server that answers at "
+                     "once (the mount: the folder in the page cache); extra req: hedged "
+                     "requests per read")
+        parts.append(table(["contender", "storage", "samples/s", "x w=cores", "x best w",
+                            "x at 0 ms", "extra req", "CPU ms/sample"], rows))
     for wl, what in (("f", s.get("samples_cifar")), ("g", s.get("samples_pil"))):
         if wl not in summ:
             continue

@@ -154,9 +154,14 @@ class Bench:
             self.configs["overhead"] = cfgs
         if "e" in w:
             cfgs = []
-            remote_w = tuple(sorted({s.cores, 2 * s.cores, 4 * s.cores})) if not s.quick \
+            remote_w = tuple(sorted({s.cores, 2 * s.cores, 4 * s.cores, 8})) if not s.quick \
                 else (s.cores,)
-            for ds, workers in (("remote", remote_w), ("remote0", (s.cores,))):
+            zero_w = tuple(sorted({s.cores, 8})) if not s.quick else (s.cores,)
+            names = {"http": ("remote", "remote0"), "s3": ("s3", "s30"),
+                     "mount": ("mount", "mount0")}
+            sets = [(ds, workers) for kind in s.remotes
+                    for ds, workers in zip(names[kind], (remote_w, zero_w))]
+            for ds, workers in sets:
                 if self._has("dataloader"):
                     cfgs += [Config("e", "dataloader", k, dataset=ds,
                                     role="reference" if k == s.cores else "sweep")
@@ -198,10 +203,9 @@ class Bench:
     def _spec(self, cfg: Config) -> dict:
         s = self.s
         samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil,
-                   "gil-numpy": s.samples_gil, "remote": s.samples_remote,
-                   "remote0": s.samples_remote, "cifar": s.samples_cifar,
+                   "gil-numpy": s.samples_gil, "cifar": s.samples_cifar,
                    "pil": s.samples_pil, "noop": s.samples_noop,
-                   "sleep": 0}[cfg.dataset]
+                   "sleep": 0}.get(cfg.dataset, s.samples_remote)
         if cfg.dataset == "sleep":  # about ceiling_seconds at the ideal rate T / 5 ms
             samples = max(4 * s.batch_size, int((cfg.knob or 1) / SLEEP_S * s.ceiling_seconds))
         if cfg.mode == "step":  # paced by the step, not by the loader: half as many do
@@ -212,10 +216,12 @@ class Bench:
                               "io": "async" if cfg.family == "asyncfeed-async" else "thread"}
         if cfg.dataset == "ram":
             ds["floats_per_sample"] = max(1, int(s.ram_mb * 2**20 / max(1, samples) / 32))
-        if cfg.dataset in ("remote", "remote0"):  # ImageFolder over the HTTP server's URL
+        if cfg.workload == "e":  # ImageFolder over the server's URL, or the mount
             assert self._http is not None
-            ds.update(kind="folder", listing=None, io="auto",
-                      root=self._http.url(s.latency if cfg.dataset == "remote" else 0.0))
+            root, options = self._http.source(cfg.dataset)
+            options = dict(options)
+            ds.update(kind="folder", listing=None, io=options.pop("io", "auto"), root=root,
+                      options=options)
         small = cfg.dataset in ("cifar", "noop")
         spec = {"dataset": ds, "family": cfg.family, "knob": cfg.knob, "mode": cfg.mode,
                 "batch_size": s.batch_size_small if small else s.batch_size, "device": s.device, "seed": s.seed,
@@ -276,8 +282,11 @@ class Bench:
                     if wl == "step":
                         self._plan_step()
                     if wl == "e":
-                        from .remote import HttpServers
-                        self._http = HttpServers(self.s.root, [self.s.latency, 0.0])
+                        from .httpserve import TailModel
+                        from .remote import RemoteServers
+                        tail = TailModel(**self.s.tail) if self.s.tail else None
+                        self._http = RemoteServers(self.s.root, self.s.remotes, self.s.latency,
+                                                   tail, mount_ms=self.s.mount_ms)
                     try:
                         server = self._rounds(server, self.configs[wl], self.rounds(wl))
                     finally:

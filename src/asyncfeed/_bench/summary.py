@@ -34,6 +34,12 @@ def summarize(cfg: Config, threshold: float = 0.15) -> dict:
     errors = [r.get("error") for r in cfg.runs if not r.get("ok")]
     if errors:
         row["errors"] = errors
+    io = [((r.get("loader_stats") or {}).get("io") or {}) for r in ok]
+    io = [x for x in io if isinstance(x, dict) and x.get("attempts")]
+    if io:  # workload e: extra requests sent by hedging, per request for a sample
+        row["hedges"] = sum(x.get("hedges", 0) for x in io)
+        row["extra_requests"] = row["hedges"] / max(1, sum(x["attempts"] - x.get("hedges", 0)
+                                                          for x in io))
     for f in _FIGURES:
         vals = [r.get(f) for r in ok]
         if f == "peak_pss_bytes":
@@ -79,14 +85,16 @@ def _relative(workload: str, rows: list[dict]) -> None:
             base = find(family="dataloader", role="reference", dataset=r["dataset"])
             if base and base.get("rate") and r.get("rate"):
                 r["vs_dataloader_ref"] = r["rate"] / base["rate"]
-            zero = find(family=r["family"], knob=r["knob"], dataset="remote0")
-            if r["dataset"] == "remote" and zero and zero.get("rate") and r.get("rate"):
+            # "remote" (HTTP), "s3", "mount" against "remote0", "s30", "mount0"
+            zero = find(family=r["family"], knob=r["knob"], dataset=r["dataset"] + "0")
+            if zero and zero.get("rate") and r.get("rate"):
                 r["vs_zero_latency"] = r["rate"] / zero["rate"]
-        best = max((x.get("rate") or 0 for x in rows if x["family"] == "dataloader"
-                    and x["dataset"] == "remote"), default=0)
-        for r in rows:
-            if best and r.get("rate") and r["dataset"] == "remote":
-                r["vs_dataloader_best"] = r["rate"] / best
+        for ds in {r["dataset"] for r in rows if not r["dataset"].endswith("0")}:
+            best = max((x.get("rate") or 0 for x in rows if x["family"] == "dataloader"
+                        and x["dataset"] == ds), default=0)
+            for r in rows:
+                if best and r.get("rate") and r["dataset"] == ds:
+                    r["vs_dataloader_best"] = r["rate"] / best
     if workload in ("f", "g", "overhead"):
         best = max((x.get("rate") or 0 for x in rows if x["family"] == "dataloader"), default=0)
         for r in rows:

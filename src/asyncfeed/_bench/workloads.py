@@ -18,7 +18,7 @@ sampler):
   transform rewritten with numpy (same pixels), the remedy asyncfeed's docs give
   for GIL-bound code.
 * workload (e) reads the ``folder`` set through ``ImageFolder(url)`` from the
-  HTTP server of :mod:`.remote`.
+  HTTP or S3 servers of :mod:`.remote`, or through a slow FUSE mount of it.
 * ``cifar`` (workload f): :class:`CifarLike`, 32x32 uint8 images in one numpy
   array, pad-4 random crop and flip in numpy, as CIFAR training scripts write it:
   samples so small that the loader's own cost per sample decides the rate.
@@ -52,7 +52,8 @@ WORKLOADS = {
     "b": "data set held in RAM as Python objects",
     "c": "pure-Python per-sample transform (holds the GIL)",
     "d": "time to first batch, fork and spawn",
-    "e": "the folder over loopback HTTP, with a latency per request",
+    "e": "the folder on remote storage (loopback HTTP, S3 through moto, a slow FUSE mount) "
+         "with a latency model",
     "f": "CIFAR-like set in RAM (32x32 uint8, numpy pad-4 crop + flip)",
     "g": "PIL decode + RandomResizedCrop/flip/normalize to float32 (PIL + numpy)",
     "ceiling": "one process's ceiling: samples sleep 5 ms (GIL released), T threads",
@@ -340,7 +341,7 @@ def write_subset_listing(root: str, n: int, seed: int, path: str) -> dict:
 
 def _open_folder(cls: type, spec: dict) -> Any:
     kw: dict[str, Any] = {"interpolation": spec.get("interpolation", "area"),
-                          "io": spec.get("io", "thread")}
+                          "io": spec.get("io", "thread"), **spec.get("options", {})}
     if spec.get("listing"):
         import json
         with open(spec["listing"]) as f:

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from .._errors import SampleError
-from .._io.local import LocalSource
+from .._io.hedge import CountsReads, ReadStats
+from .._io.local import SLOW_READ_S, LocalSource
 from ..protocols import Decoder, DecoderInto, Source
 from .decoder import ImageDecoder
 from .image import Interpolation, check_interpolation, check_size
@@ -42,7 +43,9 @@ class ImageFolder:
     reads happen: ``"thread"`` reads in the decode thread (cheapest for files in
     the page cache), ``"async"`` keeps up to the loader's ``io_concurrency`` reads
     in flight on its event loop (cold disks, network mounts, object stores);
-    ``"auto"`` picks ``"thread"`` for local directories and ``"async"`` for URLs.
+    ``"auto"`` picks ``"async"`` for URLs and, for local directories, times a few
+    reads (``read_latency_s``): ``"async"`` when they wait a millisecond or more
+    (cold disks, network and FUSE mounts), else ``"thread"``.
 
     ``source`` replaces where files are listed and read (any
     :class:`~asyncfeed.protocols.Source`; by default a local directory, or
@@ -90,6 +93,7 @@ class ImageFolder:
             raise TypeError(f"source {source!r} is not a Source (asyncfeed.protocols.Source): "
                             f"it lacks {', '.join(missing)}")
         self._source = source
+        self.read_latency_s: float | None = None
         self.io: IOMode = io if io != "auto" else ("thread" if source.is_local else "async")
         self.classes: list[str] = source.list_dirs()
         if not self.classes:
@@ -108,6 +112,10 @@ class ImageFolder:
                 f"supported extensions are: {', '.join(self.extensions)}")
         self.samples = samples
         self.targets = [t for _, t in samples]
+        if io == "auto" and isinstance(source, LocalSource):
+            # measured, not guessed from the path: a network mount is a local path
+            self.read_latency_s = source.read_latency([p for p, _ in samples])
+            self.io = "async" if self.read_latency_s >= SLOW_READ_S else "thread"
 
     @staticmethod
     def _open_source(root: str, options: dict[str, Any]) -> Source:
@@ -186,6 +194,11 @@ class ImageFolder:
         if not written:
             return self.decode(raw, index)
         return out, self.samples[index][1]
+
+    def read_stats(self) -> ReadStats | None:
+        """The source's read counters (attempts, hedges, stalls...), or None for a
+        source that keeps none (local directories)."""
+        return self._source.read_stats() if isinstance(self._source, CountsReads) else None
 
     async def close_io(self) -> None:
         """Release what the source bound to the current event loop (HTTP sessions)."""

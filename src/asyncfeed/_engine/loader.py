@@ -26,8 +26,10 @@ from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
 from .runtime import Runtime
 from .._memory.slots import SlotRing
+from .readahead import ReadAheadStats
+from .._io.hedge import CountsReads
 from .state import FORMAT as STATE_FORMAT, VERSION as STATE_VERSION, LoaderState, PassProgress
-from .stats import LoaderStats, RateLimitedLog, SkippedSample
+from .stats import IOStats, LoaderStats, RateLimitedLog, SkippedSample
 from .stream import StreamTracker, has_state
 
 OnError = Literal["raise", "skip"]
@@ -118,6 +120,10 @@ class AsyncLoader(Generic[T_co]):
     - ``io_concurrency``: reads in flight on the event loop (default 64).
     - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
       every thread busy, at least 2).  Bounds memory.
+    - ``readahead_bytes``: with reads on the event loop, raw reads run ahead of
+      the ``prefetch`` batches by this many bytes of compressed data (default
+      ``None``: 3 s of the measured read rate, 16 MiB to 256 MiB; ``0``: off), so
+      a slow or retried read delays only its own batch (see ``docs/remote.md``).
     - ``device``: ``None``/``"cpu"`` for host batches, ``"cuda[:N]"`` to receive
       batches on the GPU, copied on a dedicated stream.
     - ``pin_memory``: default on when ``device`` is CUDA.
@@ -164,7 +170,8 @@ class AsyncLoader(Generic[T_co]):
                  num_threads: int | None = None, io_concurrency: int = 64,
                  prefetch: int | None = None, device: str | torch.device | int | None = None,
                  seed: int | None = None, on_error: OnError = "raise",
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None,
+                 readahead_bytes: int | None = None) -> None:
         validate(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
@@ -176,6 +183,11 @@ class AsyncLoader(Generic[T_co]):
             raise ValueError(f"io_concurrency must be a positive int, got {io_concurrency!r}")
         if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
             raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
+        if readahead_bytes is not None and (not isinstance(readahead_bytes, int)
+                                            or readahead_bytes < 0):
+            raise ValueError(f"readahead_bytes must be None or an int >= 0, "
+                             f"got {readahead_bytes!r}")
+        self.readahead_bytes = readahead_bytes
         if seed is not None and not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         self.rank, self.world_size = resolve_ranks(rank, world_size)
@@ -231,6 +243,7 @@ class AsyncLoader(Generic[T_co]):
         self._copy: CopyStream | None = None
         self._epoch = 0
         self._stats = LoaderStats()
+        self._readahead_stats: ReadAheadStats | None = None
         self._skip_log = RateLimitedLog()
         self._closed = False
         self._current: weakref.ref[_Iterator] | None = None
@@ -303,7 +316,21 @@ class AsyncLoader(Generic[T_co]):
         return LoaderStats(epoch=s.epoch, batches=s.batches, samples=s.samples,
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
                            path=s.path, skipped=list(s.skipped),
-                           execution=self._tuner.describe())
+                           execution=self._tuner.describe(), io=self._io_stats())
+
+    def _io_stats(self) -> IOStats | None:
+        if not self._use_fetch:
+            return None
+        io = IOStats()
+        if isinstance(self.dataset, CountsReads):
+            counts = self.dataset.read_stats()
+            for name in ("attempts", "hedges", "hedge_wins", "stalls", "retries"):
+                setattr(io, name, int(getattr(counts, name, 0)))
+        ra = self._readahead_stats
+        if ra is not None:
+            io.readahead_reads, io.readahead_peak_bytes = ra.reads, ra.peak_bytes
+            io.readahead_budget = ra.budget
+        return io
 
     # ------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[T_co]:
@@ -312,7 +339,9 @@ class AsyncLoader(Generic[T_co]):
         self._close_current("superseded by a new iter() of the same loader")
         if self.device is not None and self._copy is None:
             self._copy = CopyStream(self.device)
+        # blocking reads on the loop (local files) get io_concurrency threads
         runtime = Runtime(self.num_threads, with_loop=self._use_fetch,
+                          io_threads=self.io_concurrency,
                           on_loop_close=self._caps.close_io)
         try:
             pipeline, progress = self._make_pipeline(runtime)
@@ -357,7 +386,8 @@ class AsyncLoader(Generic[T_co]):
                         io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
                         copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
                         batch_size=self.batch_size, host_bufs=self._host_bufs,
-                        in_order=self.in_order)
+                        in_order=self.in_order, readahead_bytes=self.readahead_bytes)
+        self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
         pipeline.tuner = self._tuner
         pipeline.gate = self._tuner.gate_for_pass()
         return pipeline, progress

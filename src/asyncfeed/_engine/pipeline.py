@@ -31,6 +31,7 @@ from .capabilities import Capabilities
 from . import rowtasks
 from .autotune import Gate, Tuner, rows_per_task
 from .layout import Layout, LayoutMismatch
+from .readahead import ReadAhead
 from .runtime import Runtime
 from .._memory.slots import Slot, SlotRing
 
@@ -104,10 +105,18 @@ class Pipeline:
                  pin_host: bool, ring: Callable[[Layout, int], SlotRing | None],
                  batch_size: int | None,
                  host_bufs: Callable[[Layout, int], list[Any]],
-                 in_order: bool = True) -> None:
+                 in_order: bool = True, readahead_bytes: int | None = 0) -> None:
         self.dataset = dataset
         self.caps = caps
         self.in_order = in_order
+        # with reads on the loop, the plan is drawn ahead of the decode window and
+        # its reads started (see readahead.py); readahead_bytes=0 turns that off
+        self.readahead: ReadAhead | None = None
+        if use_fetch and readahead_bytes != 0 and caps.fetch is not None:
+            plan = self.readahead = ReadAhead(
+                plan, auto_collation=auto_collation, fetch=caps.fetch,
+                call_in_loop=runtime.call_in_loop, io_concurrency=io_concurrency,
+                budget=readahead_bytes, min_items=prefetch)
         self.plan = plan
         self.auto_collation = auto_collation
         self.collate = collate
@@ -276,6 +285,8 @@ class Pipeline:
         return sorted(self._tracked.values(), key=lambda b: b.k)
 
     def stop(self) -> None:
+        if self.readahead is not None:
+            self.readahead.close()
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
@@ -286,6 +297,9 @@ class Pipeline:
     def _enqueue_fetches(self, b: Batch) -> None:
         if self.stopping or self.runtime.closed:
             return  # the pass is over: start no new fetch workers
+        if self.readahead is not None:
+            self.readahead.deliver(b, self._raw_ready, self._fetch_failed)
+            return
         if self._fetch_queue is None:
             self._fetch_queue = asyncio.Queue()
             n = max(1, self.io_concurrency)
@@ -322,11 +336,24 @@ class Pipeline:
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._note_failure(b, row, idx, e)
         else:
-            if self.runtime.submit(rowtasks.run_sample, self, b, row, idx, raw) is None:
-                b.error = b.error or LoaderClosedError("the loader was closed")
-                self._one_done(b, row)
+            self._raw_ready(b, row, idx, raw)
             return
         self._one_done(b, row)  # outside the handler (see _run_sample)
+
+    def _raw_ready(self, b: Batch, row: int, idx: Any, raw: Any) -> None:
+        """Decode a fetched sample in the pool (loop thread)."""
+        if self.stopping:
+            return
+        if self.runtime.submit(rowtasks.run_sample, self, b, row, idx, raw) is None:
+            b.error = b.error or LoaderClosedError("the loader was closed")
+            self._one_done(b, row)
+
+    def _fetch_failed(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
+        """A read-ahead read of sample ``row`` of ``b`` raised ``e`` (loop thread)."""
+        if self.stopping:
+            return
+        self._note_failure(b, row, idx, e)
+        self._one_done(b, row)
 
     # ---------------------------------------------------------- decode threads
     def _load(self, b: Batch, row: int, idx: Any, raw: Any) -> Any:

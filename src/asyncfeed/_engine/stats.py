@@ -6,6 +6,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+
 log = logging.getLogger("asyncfeed")
 
 
@@ -21,6 +22,28 @@ class SkippedSample:
 
 
 @dataclass
+class IOStats:
+    """Reads on the event loop (``AsyncLoader.stats().io``).
+
+    From the dataset's source, over its lifetime: ``attempts`` (requests sent),
+    ``hedges`` (extra requests sent by hedging; ``hedges / attempts`` stays under
+    the source's ``hedge_budget``), ``hedge_wins``, ``stalls`` (attempts abandoned
+    by the adaptive timeout), ``retries``.  From the read-ahead of the last pass:
+    ``readahead_reads``, ``readahead_peak_bytes`` (the most bytes held by finished
+    reads waiting for decoding) and ``readahead_budget`` (its byte budget).
+    """
+
+    attempts: int = 0
+    hedges: int = 0
+    hedge_wins: int = 0
+    stalls: int = 0
+    retries: int = 0
+    readahead_reads: int = 0
+    readahead_peak_bytes: int = 0
+    readahead_budget: int = 0
+
+
+@dataclass
 class LoaderStats:
     """A snapshot of what a loader has done (``AsyncLoader.stats()``).
 
@@ -33,7 +56,8 @@ class LoaderStats:
     was still being copied when it was needed again, ``execution`` says how
     samples were loaded and why (``"threads: 1 of 4 running (adaptive)"``: the
     measured rate chose one running decode thread; ``"threads: 8 (pinned)"``:
-    ``num_threads`` was given).
+    ``num_threads`` was given), ``io`` counts reads on the event loop
+    (:class:`IOStats`; None when reads run in the decode threads).
     """
 
     epoch: int = 0
@@ -44,6 +68,7 @@ class LoaderStats:
     path: str = ""
     skipped: list[SkippedSample] = field(default_factory=list)
     execution: str = ""
+    io: IOStats | None = None
 
 
 class RateLimitedLog:

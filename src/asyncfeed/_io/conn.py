@@ -46,12 +46,13 @@ async def _http_client(limit: int, **kwargs: Any):
 class LoopConn:
     """A filesystem object bound to one event loop, and how to read and close with it."""
 
-    __slots__ = ("loop", "fs", "cat", "_close", "__weakref__")
+    __slots__ = ("loop", "fs", "cat", "_close", "pool", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fs: Any,
                  cat: Callable[[str, int | None, int | None], Awaitable[bytes]],
-                 close: Callable[[], Awaitable[None]]) -> None:
+                 close: Callable[[], Awaitable[None]], pool: Any = None) -> None:
         self.loop, self.fs, self.cat, self._close = loop, fs, cat, close
+        self.pool = pool  # the lean client's HTTPPool, when reads go through it
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``fs._<method>(...)`` of an async filesystem, or ``fs.<method>(...)`` of a
@@ -146,7 +147,7 @@ def _http_conn(loop: asyncio.AbstractEventLoop, fs: Any, max_connections: int,
         await pool.close()
         await _close_async_fs(fs)
 
-    return LoopConn(loop, fs, cat, close)
+    return LoopConn(loop, fs, cat, close, pool)
 
 
 def _s3_conn(loop: asyncio.AbstractEventLoop, fs: Any, max_connections: int) -> LoopConn:

@@ -36,6 +36,7 @@ from .cache import DiskCache, MemoryCache
 from .conn import LoopConn, close_conn_soon, open_conn
 from .._errors import (RemoteReadError, RemoteTimeoutError, SizeMismatch, classify,
                        status_and_code)
+from .hedge import ReadStats, TailGuard, TailPolicy
 
 __all__ = ["FsspecSource", "RemoteReadError", "RemoteTimeoutError"]
 
@@ -99,6 +100,16 @@ class FsspecSource:
         ``io_concurrency``.
     list_concurrency:
         Directory listings in flight while listing the root.
+    hedge:
+        Send a second request for a read still outstanding past the 95th
+        percentile of recent latency (first answer wins, the other is
+        cancelled), at most ``hedge_budget`` extra requests per read (default
+        5%).  ``None`` (default): on, except for S3 requester-pays buckets.
+        ``False`` where a duplicate GET is not idempotent or is billed unusually.
+    adaptive_timeout:
+        Abandon and retry an attempt running longer than 4 times the observed
+        99th percentile of latency (at least 0.5 s), well before ``timeout``,
+        which stays the hard cap.
     fast:
         Read with asyncfeed's lean HTTP/1.1 client (:mod:`asyncfeed._io.http11`) where
         the settings allow: plain GETs for ``http(s)://`` roots (about half the CPU
@@ -115,7 +126,8 @@ class FsspecSource:
                  max_backoff: float = 10.0, cache_dir: str | os.PathLike[str] | None = None,
                  cache_size: int | None = None, cache: str | None = None,
                  cache_verify: bool = True, max_connections: int = 256,
-                 list_concurrency: int = 32, fast: bool = True) -> None:
+                 list_concurrency: int = 32, fast: bool = True, hedge: bool | None = None,
+                 hedge_budget: float = 0.05, adaptive_timeout: bool = True) -> None:
         root = os.fspath(root)
         if "://" not in root:
             raise ValueError(f"not a URL: {root!r}")
@@ -145,6 +157,10 @@ class FsspecSource:
         self.disk_cache = (DiskCache(cache_dir, cache_size, verify=cache_verify)
                            if cache_dir is not None else None)
         self._cache_mode = cache
+        if hedge is None:  # a duplicate GET bills the reader of a requester-pays bucket
+            hedge = not self.storage_options.get("requester_pays", False)
+        self.tail_policy = TailPolicy(hedge=bool(hedge), hedge_budget=float(hedge_budget),
+                                      adaptive_timeout=bool(adaptive_timeout))
         self._sizes: dict[str, int] = {}
         self._dirs: list[str] | None = None
         self._dir_rel: dict[str, str] = {}
@@ -155,12 +171,16 @@ class FsspecSource:
         self._lock = threading.Lock()
         self._conns: dict[int, LoopConn] = {}
         self._rng = random.Random()
+        self._read_stats = ReadStats()
+        # latency is tracked apart for whole-file reads and range reads (shard blocks)
+        self._guards = {kind: TailGuard(self.tail_policy, self._read_stats)
+                        for kind in ("file", "range")}
         _SOURCES.add(self)
 
     # -- pickling (DataLoader workers): drop what is bound to loops and threads ------
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for k in ("_lock", "_conns", "_rng"):
+        for k in ("_lock", "_conns", "_rng", "_read_stats", "_guards"):
             state.pop(k, None)
         return state  # the caches pickle as their settings (a memory cache starts empty)
 
@@ -243,7 +263,7 @@ class FsspecSource:
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of ``path`` (not cached), with timeout and retries."""
         return await self._retrying(path, lambda conn: conn.cat(path, start, end),
-                                    expected=end - start)
+                                    expected=end - start, guard=self._guards["range"])
 
     async def info(self, path: str) -> dict[str, Any]:
         """fsspec's ``info`` for ``path`` (size...), with timeout and retries."""
@@ -265,7 +285,11 @@ class FsspecSource:
 
     async def _fetch(self, path: str) -> bytes:
         return await self._retrying(path, lambda conn: conn.cat(path, None, None),
-                                    expected=self._sizes.get(path))
+                                    expected=self._sizes.get(path), guard=self._guards["file"])
+
+    def read_stats(self) -> ReadStats:
+        """A snapshot of this source's read counters (attempts, hedges, stalls...)."""
+        return self._read_stats.copy()
 
     def _cache_put(self, path: str, data: bytes) -> None:
         if self.disk_cache is not None:
@@ -274,16 +298,26 @@ class FsspecSource:
             self.memory_cache.put(path, data)
 
     async def _retrying(self, url: str, op: Callable[[LoopConn], Awaitable[Any]],
-                        expected: int | None = None) -> Any:
+                        expected: int | None = None, guard: TailGuard | None = None) -> Any:
+        """``op(conn)`` with the timeout, retries and backoff; reads (with a ``guard``)
+        are hedged and abandoned early when they stall (see :mod:`asyncfeed._io.hedge`)."""
         conn = self._conn()
+
+        async def one() -> Any:
+            result = await _with_timeout(op(conn), self.timeout)
+            if expected is not None and len(result) != expected:
+                raise SizeMismatch(errno.EIO, f"got {len(result)} bytes, expected {expected}")
+            return result
+
         attempt = 0
         while True:
             attempt += 1
+            if attempt > 1 and guard is not None:
+                self._read_stats.retries += 1
             try:
-                result = await _with_timeout(op(conn), self.timeout)
-                if expected is not None and len(result) != expected:
-                    raise SizeMismatch(errno.EIO, f"got {len(result)} bytes, expected {expected}")
-                return result
+                if guard is None:
+                    return await one()
+                return await guard.attempt(one, self.timeout)
             except Exception as e:  # CancelledError (a BaseException) passes through
                 kind = classify(e)
                 if kind != "transient" or attempt > self.retries:

@@ -348,6 +348,10 @@ class HTTPPool:
             conn._close()
             self._all.discard(conn)
 
+    def connections(self) -> tuple[int, int]:
+        """(open, idle) connections: the difference are requests under way."""
+        return len(self._all), sum(len(v) for v in self._idle.values())
+
     async def close(self) -> None:
         self._closed = True
         for conn in list(self._all):

@@ -1,0 +1,270 @@
+"""Tail-tolerant reads: hedged requests, adaptive timeouts and read-ahead, against real
+servers on 127.0.0.1 (no timing asserts: what is checked is what the server saw and
+what the reader returned)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from support.remote_fixtures import *  # noqa: E402,F401,F403
+from support.remote_fixtures import S3Proxy, fast_source, s3_options, slowdown_xml  # noqa: E402
+
+from asyncfeed import AsyncLoader, ImageFolder  # noqa: E402
+from asyncfeed._bench.httpserve import DirectoryServer, TailModel  # noqa: E402
+from asyncfeed._io.hedge import StallTimeout, TailGuard, TailPolicy, ReadStats  # noqa: E402
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _files(source) -> list[str]:
+    return [u for d in source.list_dirs() for u in source.list_files(d)
+            if u.endswith(".jpg")]
+
+
+def _local(image_tree: str, url: str, base: str) -> bytes:
+    from urllib.parse import unquote
+    with open(os.path.join(image_tree, unquote(url[len(base):])), "rb") as f:
+        return f.read()
+
+
+def _client_connections(port: int) -> int:
+    """ESTABLISHED TCP connections of this process whose remote port is ``port``."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if int(cols[2].rsplit(":", 1)[1], 16) == port and cols[3] == "01":
+                n += 1
+    return n
+
+
+async def _warm(src, urls: list[str], n: int = 40) -> None:
+    """Read ``n`` files one at a time: the source learns their latency."""
+    for i in range(n):
+        await src.read(urls[i % len(urls)])
+
+
+def test_hedge_answers_a_stalled_read_once(image_tree, http_server):
+    """A read stalled before any byte, while later reads answer, is sent again; the
+    second answer wins, the stalled request is cancelled (its connection closed),
+    nothing else is left."""
+    if not os.path.exists("/proc/net/tcp"):
+        pytest.skip("needs /proc/net/tcp to count connections")
+    src = fast_source(http_server.url, timeout=60.0, adaptive_timeout=False)
+    urls = _files(src)
+    target = urls[5]
+    port = int(http_server.url.rsplit(":", 1)[1].strip("/"))
+
+    async def main():
+        await _warm(src, urls)
+        rel = target[len(http_server.url):]
+        from urllib.parse import unquote
+        http_server.add_fault(unquote(rel), "stall", times=1)
+        before = http_server.count(unquote(rel))
+        conns0 = _client_connections(port)  # listing's and the warm-up's, all idle
+        # other reads overtake the stalled one: it is the server that is slow
+        data, *_ = await asyncio.gather(src.read(target), *(src.read(u) for u in urls[6:12]))
+        await asyncio.sleep(0.05)  # let the cancelled transport finish closing
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        pool = src._conns[id(asyncio.get_running_loop())].pool
+        conns = (_client_connections(port) - conns0, *pool.connections())
+        await src.close_io()
+        return data, http_server.count(unquote(rel)) - before, tasks, conns
+
+    data, requests, tasks, conns = asyncio.run(main())
+    assert data == _local(image_tree, target, http_server.url)
+    assert requests == 2            # the stalled one and its hedge, nothing more
+    stats = src.read_stats()
+    assert (stats.hedges, stats.hedge_wins, stats.stalls) == (1, 1, 0)
+    assert tasks == []              # the loser was reaped
+    new, open_, idle = conns
+    assert open_ == idle            # no request left under way
+    assert new == open_ - 1         # the stalled one's connection was closed, not pooled
+    src.close()
+
+
+def test_hedges_stay_within_budget(image_tree):
+    """Under a heavy-tailed server, extra requests (counted at the server) stay within
+    5% of reads, and every read returns its file."""
+    model = TailModel(median=0.002, p99=0.08, seed=3)
+    with DirectoryServer(image_tree, tail=model) as server:
+        src = fast_source(server.url)
+        urls = _files(src)
+        server.reset_counts()
+
+        async def main():
+            sem = asyncio.Semaphore(16)
+
+            async def one(u):
+                async with sem:
+                    return u, await src.read(u)
+
+            out = await asyncio.gather(*(one(urls[i % len(urls)]) for i in range(400)))
+            await src.close_io()
+            return out
+
+        out = asyncio.run(main())
+        sent = sum(server.requests[k] for k in server.requests if k.endswith(".jpg"))
+        src.close()
+    for u, data in out:
+        assert data == _local(image_tree, u, server.url)
+    stats = src.read_stats()
+    assert stats.hedges > 0                       # hedging was on
+    assert sent - 400 == stats.hedges             # every extra request is a counted hedge
+    assert stats.hedges <= 0.05 * 400
+
+
+def test_hedging_can_be_turned_off(image_tree, http_server):
+    src = fast_source(http_server.url, hedge=False, adaptive_timeout=False)
+    assert not src.tail_policy.hedge
+    requester_pays = fast_source("s3://bucket/x", storage_options={"requester_pays": True})
+    assert not requester_pays.tail_policy.hedge   # a duplicate GET bills the reader
+    urls = _files(src)
+    http_server.latency = 0.001
+
+    async def main():
+        await _warm(src, urls, 60)
+        await src.close_io()
+
+    asyncio.run(main())
+    assert src.read_stats().hedges == 0 and src.read_stats().attempts == 60
+    src.close()
+
+
+@pytest.mark.timeout(40)
+def test_adaptive_timeout_abandons_a_stall_before_the_hard_cap(image_tree, http_server):
+    """With hedging off, a read stalled mid-body is abandoned after a few times the
+    observed latency (not the 120 s hard timeout) and retried; the retry answers."""
+    src = fast_source(http_server.url, timeout=120.0, hedge=False)
+    urls = _files(src)
+    target = urls[3]
+    from urllib.parse import unquote
+    rel = unquote(target[len(http_server.url):])
+
+    async def main():
+        await _warm(src, urls)
+        http_server.add_fault(rel, "stall", after=10, times=1)
+        before = http_server.count(rel)
+        data = await src.read(target)
+        await src.close_io()
+        return data, http_server.count(rel) - before
+
+    data, requests = asyncio.run(main())
+    assert data == _local(image_tree, target, http_server.url)
+    stats = src.read_stats()
+    assert stats.stalls == 1 and stats.retries == 1 and stats.hedges == 0
+    assert requests == 2
+    src.close()
+
+
+def test_guard_limits_follow_observed_latency():
+    guard = TailGuard(TailPolicy(), ReadStats())
+    assert guard.limits(30.0) == (None, 30.0)       # nothing known: the hard cap only
+    for i in range(100):
+        guard._latency.observe(0.01 + i * 1e-4)
+    hedge, stall = guard.limits(30.0)
+    assert 0.015 < hedge < 0.025 and stall == 0.5   # p95; 4 x p99 is under the floor
+    for _ in range(300):
+        guard._latency.observe(1.0)
+    assert guard.limits(2.0) == (1.0, 2.0)          # the hard cap stays the cap
+    with pytest.raises(ValueError):
+        TailPolicy(hedge_budget=2.0)
+    assert issubclass(StallTimeout, TimeoutError)
+
+
+def test_readahead_reads_past_a_slow_batch(image_tree, http_server):
+    """While batch 0 waits for one slow read, the reads of every later batch are done
+    (they were started ahead of the decode window), and the batches are the local
+    folder's, in order, each sample once."""
+    local = ImageFolder(image_tree, 32)
+    remote = ImageFolder(http_server.url, 32, timeout=30, hedge=False,
+                         adaptive_timeout=False)
+    slow = remote.samples[1][0]
+    from urllib.parse import unquote
+    rel = unquote(slow[len(http_server.url):])
+    http_server.add_fault(rel, "delay", delay=1.0, times=1)
+    http_server.reset_counts()
+    with AsyncLoader(remote, batch_size=4, num_threads=2, prefetch=2) as loader:
+        it = iter(loader)
+        first = next(it)
+        requested = {k for k, v in http_server.requests.items() if v and k.endswith(".jpg")}
+        got = [first] + list(it)
+        io = loader.stats().io
+    assert len(requested) == len(remote)      # all read while batch 0 waited
+    assert io is not None and io.readahead_reads == len(remote)
+    with AsyncLoader(local, batch_size=4, num_threads=2) as loader:
+        want = list(loader)
+    assert len(got) == len(want)
+    for (x, lx), (y, ly) in zip(got, want):
+        assert torch.equal(x, y) and torch.equal(lx, ly)
+    remote._source.close()
+
+
+def test_readahead_holds_within_its_byte_budget(image_tree, http_server):
+    """A small budget: the bytes held by finished reads waiting for decoding stay
+    within the budget plus one batch (a drawn batch may overshoot it)."""
+    remote = ImageFolder(http_server.url, 32)
+    sizes = [len(_local(image_tree, u, http_server.url)) for u, _ in remote.samples]
+    budget = 3 * max(sizes)
+    with AsyncLoader(remote, batch_size=2, num_threads=1, prefetch=1,
+                     readahead_bytes=budget) as loader:
+        n = sum(len(y) for _, y in loader)
+        io = loader.stats().io
+    assert n == len(remote)
+    assert io.readahead_budget == budget and io.readahead_reads == len(remote)
+    assert 0 < io.readahead_peak_bytes <= budget + 2 * max(sizes)
+    with AsyncLoader(remote, batch_size=2, readahead_bytes=0) as loader:
+        assert sum(len(y) for _, y in loader) == len(remote)
+        assert loader.stats().io.readahead_reads == 0
+    with pytest.raises(ValueError):
+        AsyncLoader(remote, readahead_bytes=-1)
+    remote._source.close()
+
+
+def _tail_epochs(remote, local, **kw):
+    with AsyncLoader(local, batch_size=4, shuffle=True, seed=3, num_threads=2) as loader:
+        want = list(loader)
+    with AsyncLoader(remote, batch_size=4, shuffle=True, seed=3, num_threads=2, **kw) as loader:
+        for _ in range(2):
+            got = list(loader)
+            assert len(got) == len(want)
+            for (x, lx), (y, ly) in zip(got, want):
+                assert torch.equal(x, y) and torch.equal(lx, ly)
+        return loader.stats().io
+
+
+def test_loader_over_a_heavy_tailed_server_delivers_every_sample_once(image_tree):
+    model = TailModel(median=0.003, p99=0.05, error_rate=0.2, stall_rate=0.05,
+                      stall_s=0.6, seed=1)
+    with DirectoryServer(image_tree, tail=model) as server:
+        remote = ImageFolder(server.url, 32, backoff=0.01, max_backoff=0.05, timeout=20)
+        io = _tail_epochs(remote, ImageFolder(image_tree, 32))
+        assert server.tail_errors > 0 and server.tail_stalls > 0
+        assert io.retries >= server.tail_errors - io.hedges
+        remote._source.close()
+
+
+def test_loader_over_s3_with_the_tail_model(image_tree, s3_tree, moto_endpoint):
+    class TailS3Proxy(S3Proxy):
+        def _tail_error(self, rel):
+            from aiohttp import web
+            return web.Response(status=503, body=slowdown_xml().encode(),
+                                content_type="application/xml")
+
+    model = TailModel(median=0.003, p99=0.05, error_rate=0.2, stall_rate=0.03,
+                      stall_s=0.6, seed=2)
+    with TailS3Proxy(moto_endpoint, tail=model) as proxy:
+        remote = ImageFolder(s3_tree, 32, storage_options=s3_options(proxy.url.rstrip("/")),
+                             backoff=0.01, max_backoff=0.05, timeout=20)
+        _tail_epochs(remote, ImageFolder(image_tree, 32))
+        assert proxy.tail_errors > 0
+        remote._source.close()
