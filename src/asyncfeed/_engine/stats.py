@@ -6,7 +6,6 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-
 log = logging.getLogger("asyncfeed")
 
 
