@@ -118,9 +118,10 @@ def test_hedges_stay_within_budget(image_tree):
     for u, data in out:
         assert data == _local(image_tree, u, server.url)
     stats = src.read_stats()
-    assert stats.hedges > 0                       # hedging was on
-    assert sent - 400 == stats.hedges             # every extra request is a counted hedge
-    assert stats.hedges <= 0.05 * 400
+    assert sent > 400                             # hedging was on
+    # every extra request the server saw is a counted hedge (a hedge cancelled while
+    # its connection was being made never reaches the server)
+    assert sent - 400 <= stats.hedges <= 0.05 * 400
 
 
 def test_hedging_can_be_turned_off(image_tree, http_server):
