@@ -219,6 +219,58 @@ def test_iterable_dataset_resumes_mid_epoch(name, cls, k):
         assert ds.first_made == 4 * k and ds.made == 30 - 4 * k
 
 
+class CountingIter:
+    """An iterator with a state of its own (what ``iter(dataset)`` may return)."""
+
+    def __init__(self, n: int) -> None:
+        self.i, self.n = 0, n
+        self.first: int | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        if self.first is None:
+            self.first = self.i
+        self.i += 1
+        return torch.tensor([self.i - 1, 1 - self.i]), self.i - 1
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+class StatefulIter(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.iters: list[CountingIter] = []
+
+    def __iter__(self):
+        self.iters.append(CountingIter(self.n))
+        return self.iters[-1]
+
+
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_an_iterable_datasets_stateful_iterator_is_resumed_from_its_state(name):
+    full = [ids(b) for b in LOADERS[name](StatefulIter(30), batch_size=4)]
+    loader = LOADERS[name](StatefulIter(30), batch_size=4)
+    it = iter(loader)
+    taken = [ids(next(it)) for _ in range(3)]
+    state = plain(loader.state_dict())
+    _close(loader)
+    ds = StatefulIter(30)
+    resumed = LOADERS[name](ds, batch_size=4)
+    resumed.load_state_dict(state)
+    rest = [ids(b) for b in resumed]
+    _close(resumed)
+    assert taken + rest == full
+    assert ds.iters[-1].first is None or ds.iters[-1].first >= 8   # not from the start
+
+
 def test_iterable_fast_forward_pulls_raw_items_without_decoding_them():
     with AsyncLoader(SplitCounting(40), batch_size=4, prefetch=2) as loader:
         it = iter(loader)

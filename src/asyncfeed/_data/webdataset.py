@@ -294,7 +294,7 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         ``torch.save``).
 
         Inside a pass ``p`` says which shard and which sample of it come next, which
-        samples the shuffle buffer holds (by shard and sample number) and the
+        samples the shuffle buffer holds (shard and sample numbers, flat) and the
         shuffle's random state; between passes it is None (or the position a loaded
         state will resume at).  ``AsyncLoader`` saves it in its own state, taken as
         its batches are pulled, so a resume continues after the last batch handed out.
@@ -509,8 +509,8 @@ class _PassPosition:
     def position(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
         return {"placement": list(self.placement), "shard": self.shard,
-                "sample": self.sample, "buffer": [list(r) for r in self.buffer],
-                "draining": None if self.draining is None else [list(r) for r in self.draining],
+                "sample": self.sample, "buffer": _flat(self.buffer),
+                "draining": None if self.draining is None else _flat(self.draining),
                 "rng": [version, list(internal), gauss]}
 
     def restore(self, p: dict[str, Any]) -> None:
@@ -519,7 +519,17 @@ class _PassPosition:
                              f"worker, workers = {p['placement']}; this pass is "
                              f"{self.placement}")
         self.shard, self.sample = int(p["shard"]), int(p["sample"])
-        self.buffer = [list(r) for r in p["buffer"]]
-        self.draining = None if p["draining"] is None else [list(r) for r in p["draining"]]
+        self.buffer = _pairs(p["buffer"])
+        self.draining = None if p["draining"] is None else _pairs(p["draining"])
         version, internal, gauss = p["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+
+
+def _flat(refs: list[list[int]]) -> list[int]:
+    """[[shard, sample], ...] as one flat list of ints: a state snapshotted at every
+    chunk pulled copies it in one go."""
+    return [v for ref in refs for v in ref]
+
+
+def _pairs(flat: list[int]) -> list[list[int]]:
+    return [[int(flat[i]), int(flat[i + 1])] for i in range(0, len(flat), 2)]
