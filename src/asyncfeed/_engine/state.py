@@ -153,9 +153,10 @@ class PassProgress:
                 self.prefix += 1
             # what a state can no longer need (a pass nobody asks the state of must
             # not grow a snapshot per batch)
-            drawn = self.base + self.prefix
-            for d in [d for d in self.sampler_snaps if d < drawn]:
-                del self.sampler_snaps[d]
+            if self.sampler_snaps:
+                drawn = self.base + self.prefix
+                for d in [d for d in self.sampler_snaps if d < drawn]:
+                    del self.sampler_snaps[d]
             if self.stream is not None:
                 for j in [j for j in self.stream_ends if j < self.prefix - 1]:
                     del self.stream_ends[j]
