@@ -255,6 +255,9 @@ class SimCopyStream:
         self._q.put((pairs, ev, self._rng.uniform(0, self.max_delay_s)))
         return out, ev
 
+    def pin(self, host_batch: Any) -> Any:
+        return host_batch  # no CUDA, nothing to pin: the ring is plain memory
+
     def hand_over(self, gpu_batch: Any, event: SimEvent) -> None:
         event.synchronize()  # the consumer "stream" waits for the copy
 
@@ -274,26 +277,6 @@ class SimCopyStream:
     def close(self) -> None:
         self._q.put(None)
         self._thread.join()
-
-
-@contextlib.contextmanager
-def simulated_cuda(loader: AsyncLoader, copy: SimCopyStream) -> Any:
-    """Drive ``loader``'s CUDA path (slot ring, copy, hand-over) on the CPU.
-
-    Reaches into the loader: a non-None device makes it use the ring, ``_copy``
-    is the simulated stream, pinning is a no-op (the ring is unpinned without
-    CUDA)."""
-    import asyncfeed._engine.loader as L
-    import asyncfeed._engine.pipeline as P
-    saved = (P.pin, L.pin)
-    P.pin = L.pin = lambda obj: obj
-    loader.device = torch.device("cpu")
-    loader.pin_memory = True
-    loader._copy = copy  # type: ignore[assignment]
-    try:
-        yield loader
-    finally:
-        P.pin, L.pin = saved
 
 
 @contextlib.contextmanager
@@ -474,17 +457,17 @@ def correctness_run(mode: str, *, cuda: bool, sim: bool, n_items: int, shape: tu
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     checker = Checker(ds, device)
     t0 = time.perf_counter()
-    al = AsyncLoader(ds, batch_sampler=plan, num_threads=threads, prefetch=prefetch,
-                     device=device if cuda else None, timeout=60)
+    # without CUDA, the simulated copy stream drives the loader's CUDA path (slot
+    # ring, copies, hand-over) as its copy_stream
     sim_copy = SimCopyStream(sim_delay_s, seed) if sim else None
+    al = AsyncLoader(ds, batch_sampler=plan, num_threads=threads, prefetch=prefetch,
+                     device=device if cuda else None, timeout=60, copy_stream=sim_copy)
     try:
-        ctx = simulated_cuda(al, sim_copy) if sim_copy is not None else contextlib.nullcontext()
-        with ctx:
-            res = run_checked(al, plan, checker, cuda=cuda, rng=rng, deadline=deadline,
-                              cut_pass=1 if passes > 2 else None, hold=hold,
-                              max_kernel_cycles=max_kernel_cycles, pace_lag=pace_lag)
-            st = al.stats()
-            ring = al._ring
+        res = run_checked(al, plan, checker, cuda=cuda, rng=rng, deadline=deadline,
+                          cut_pass=1 if passes > 2 else None, hold=hold,
+                          max_kernel_cycles=max_kernel_cycles, pace_lag=pace_lag)
+        st = al.stats()
+        ring = al._ring
     finally:
         al.close()
         if sim_copy is not None:
@@ -607,10 +590,11 @@ def section_bandwidth(args: argparse.Namespace, dev: torch.device) -> dict:
     log(f"(b) plain pinned copy of {img_bytes / 2**20:.1f} MiB ...")
     plain_before = _plain_copy_ms(img_bytes, args.bw_reps // 2, dev)
     order = [i % len(ds) for i in range(B * args.bw_batches)]
-    al = AsyncLoader(ds, batch_size=B, sampler=order, device=dev, prefetch=4,
-                     num_threads=args.threads or cores(), drop_last=True, timeout=60)
+    # the loader's copy stream, with per-batch start/end events
     copy = CopyStream(dev, timing=True)
-    al._copy = copy  # the loader's own copy stream, with per-batch start/end events
+    al = AsyncLoader(ds, batch_size=B, sampler=order, device=dev, prefetch=4,
+                     num_threads=args.threads or cores(), drop_last=True, timeout=60,
+                     copy_stream=copy)
     consumer = torch.cuda.Stream(dev)
     n = 0
     deadline = t_start + args.bw_time

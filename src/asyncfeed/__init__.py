@@ -11,7 +11,7 @@ the device transfer) is written down as protocols in :mod:`asyncfeed.protocols`;
 
 from typing import Any as _Any
 
-from . import protocols
+from . import protocols  # noqa: F401 - asyncfeed.protocols, the extension contracts
 from ._data.decoder import ImageDecoder
 from ._data.folder import IMG_EXTENSIONS, ImageFolder
 from ._data.image import decode_image

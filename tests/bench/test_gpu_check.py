@@ -236,13 +236,13 @@ sys.modules["torchvision"] = tv
 spec = importlib.util.spec_from_file_location("gpu_check", sys.argv[1])
 gc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gc)
-import asyncfeed._engine.loader as L, asyncfeed._engine.pipeline as P
-P.pin = L.pin = lambda obj: obj
+import asyncfeed._engine.loader as L, asyncfeed._memory.device as D
+D.pin = lambda obj: obj              # CopyStream.pin: no pinned memory without CUDA
 _init = L.AsyncLoader.__init__
-def init(self, *a, device=None, **kw):
-    _init(self, *a, **kw)
-    if device is not None:           # the CUDA path: slot ring, CopyStream, hand-over
-        self.device, self.pin_memory = torch.device("cpu"), True
+def init(self, *a, device=None, copy_stream=None, **kw):
+    if device is not None and copy_stream is None:  # the CUDA path: ring, CopyStream, hand-over
+        copy_stream = D.CopyStream(torch.device("cpu"))
+    _init(self, *a, copy_stream=copy_stream, **kw)
 L.AsyncLoader.__init__ = init
 gc.AsyncLoader = L.AsyncLoader
 

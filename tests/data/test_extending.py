@@ -31,7 +31,11 @@ PER_CLASS = 7
 
 
 def doc_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    """The page's python blocks, each padded with blank lines so that tracebacks give
+    the page's own line numbers."""
+    text = DOC.read_text()
+    return ["\n" * text.count("\n", 0, m.start(1)) + m.group(1)
+            for m in re.finditer(r"```python\n(.*?)```", text, flags=re.S)]
 
 
 @pytest.fixture(scope="module")

@@ -291,13 +291,13 @@ def test_set_rank_rejects_bad_values(shard_dir, rank, world_size):
 
 def test_pipeline_hands_the_loader_rank_to_the_shards(shard_dir):
     """What AsyncLoader does at iter(): IterablePipeline(ranks=...) calls set_rank first."""
+    from asyncfeed._engine.handoff import PassConfig
     from asyncfeed._engine.iterable import IterablePipeline
     from asyncfeed._engine.runtime import Runtime
     ds = WebDatasetShards(_pattern(shard_dir + "/"), seed=7, shuffle_buffer=0)
     with Runtime(1, with_loop=False) as rt:
-        p = IterablePipeline(dataset=ds, batch_size=4, drop_last=False, collate=list,
-                             runtime=rt, prefetch=2, copy=None, pin_host=False, skip=False,
-                             ranks=(1, 2))
+        p = IterablePipeline(PassConfig(batch_size=4, collate=list), dataset=ds, runtime=rt,
+                             copy=None, ranks=(1, 2))
         assert ds._loader_rank == (1, 2)
         first = next(p.it)
     assert first["__url__"] == ds.shards_for(1, 2)[0]

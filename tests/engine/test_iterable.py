@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from asyncfeed import AsyncLoader, SampleError
+from asyncfeed._engine.handoff import PassConfig
 from asyncfeed._engine.iterable import MAX_CONSECUTIVE_ERRORS, IterablePipeline, split_decode
 from asyncfeed._engine.runtime import Runtime
 from support.datasets import drain
@@ -318,15 +319,14 @@ class RankedStream(IterableDataset):
 def test_pipeline_calls_set_rank_before_iter():
     ds = RankedStream(10)
     with Runtime(1, with_loop=False) as rt:
-        IterablePipeline(dataset=ds, batch_size=2, drop_last=False, collate=list, runtime=rt,
-                         prefetch=2, copy=None, pin_host=False, skip=False, ranks=(1, 3))
+        IterablePipeline(PassConfig(batch_size=2, collate=list), dataset=ds, runtime=rt,
+                         copy=None, ranks=(1, 3))
     assert ds.calls == [("set_rank", 1, 3), ("iter",)]
     # without ranks (or without set_rank) nothing is called
     plain = SplitStream(3)
     with Runtime(1, with_loop=False) as rt:
-        IterablePipeline(dataset=plain, batch_size=2, drop_last=False, collate=list,
-                         runtime=rt, prefetch=2, copy=None, pin_host=False, skip=False,
-                         ranks=(0, 2))
+        IterablePipeline(PassConfig(batch_size=2, collate=list), dataset=plain, runtime=rt,
+                         copy=None, ranks=(0, 2))
 
 
 def test_loader_hands_its_rank_to_the_dataset():

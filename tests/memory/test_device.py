@@ -433,6 +433,9 @@ class DelayedCopy:
         self.q.put((pairs, ev))
         return out, ev
 
+    def pin(self, host):
+        return host  # no CUDA: "pinned" is plain memory here
+
     def hand_over(self, out, ev):
         ev.synchronize()
 
@@ -473,20 +476,14 @@ class Rows:
 
 
 @contextlib.contextmanager
-def through_cuda_path(loader: AsyncLoader, delay: float = 0.002):
-    """Run ``loader``'s CUDA path (slot ring, copy, hand-over) with DelayedCopy."""
-    import asyncfeed._engine.loader as L
-    import asyncfeed._engine.pipeline as P
-    saved = (P.pin, L.pin)
-    P.pin = L.pin = lambda obj: obj
+def through_cuda_path(*args, delay: float = 0.002, **kw):
+    """An AsyncLoader(*args, **kw) whose CUDA path (slot ring, copy, hand-over) runs
+    through a DelayedCopy given as its copy stream."""
     copy = DelayedCopy(delay)
-    loader.device = torch.device("cpu")  # anything but None: the ring is used
-    loader.pin_memory = True
-    loader._copy = copy
+    loader = AsyncLoader(*args, copy_stream=copy, **kw)
     try:
-        yield copy
+        yield loader
     finally:
-        P.pin, L.pin = saved
         loader.close()
         copy.close()
 
@@ -503,8 +500,8 @@ def test_loader_ring_waits_for_copies_before_refilling(prefetch):
     saved = SlotRing.poison
     SlotRing.poison = 0xA5
     try:
-        al = AsyncLoader(Rows(), batch_size=8, prefetch=prefetch, num_threads=2)
-        with through_cuda_path(al):
+        with through_cuda_path(Rows(), batch_size=8, prefetch=prefetch,
+                               num_threads=2) as al:
             got = list(al)
             assert al._ring is not None and al._ring.count == prefetch
             waits = al.stats().slot_waits
@@ -519,8 +516,7 @@ def test_loader_ring_waits_for_copies_before_refilling(prefetch):
 def test_loader_ring_survives_a_pass_cut_short():
     """Regression: slots of batches in flight when a pass was cut short were never
     returned, and the next pass failed with 'pop from empty list'."""
-    al = AsyncLoader(Rows(), batch_size=4, prefetch=2, num_threads=2)
-    with through_cuda_path(al):
+    with through_cuda_path(Rows(), batch_size=4, prefetch=2, num_threads=2) as al:
         for _ in range(3):
             for k, b in enumerate(al):
                 check(b, range(4 * k, 4 * k + 4))
@@ -539,8 +535,7 @@ def test_loader_ring_rebuilt_for_a_larger_batch_keeps_old_slots_out():
     for n in sizes:
         plan.append(list(range(s, s + n)))
         s += n
-    al = AsyncLoader(Rows(), batch_sampler=plan, prefetch=2, num_threads=2)
-    with through_cuda_path(al):
+    with through_cuda_path(Rows(), batch_sampler=plan, prefetch=2, num_threads=2) as al:
         got = list(al)
         ring = al._ring
     assert len(got) == len(plan)

@@ -91,12 +91,12 @@ class Capabilities:
         sample_source = _method(dataset, "sample_source")
         if is_iterable_dataset(dataset):
             iter_raw = _method(dataset, "iter_raw")
-            split = (bool(getattr(dataset, "use_iter_raw", True)) and iter_raw is not None
-                     and decode is not None)
+            split = bool(getattr(dataset, "use_iter_raw", True))
+            if not split or iter_raw is None or decode is None:
+                iter_raw = decode = None
             return cls(iterable=True, sample_source=sample_source,
-                       set_rank=_method(dataset, "set_rank"),
-                       iter_raw=iter_raw if split else None,
-                       decode=_iterable_decode(dataset, decode) if split else None)
+                       set_rank=_method(dataset, "set_rank"), iter_raw=iter_raw,
+                       decode=_iterable_decode(dataset, decode) if decode else None)
         fetch = _method(dataset, "fetch")
         use_fetch = (fetch is not None and decode is not None
                      and bool(getattr(dataset, "use_async_fetch", True)))

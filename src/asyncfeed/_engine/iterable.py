@@ -33,9 +33,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._memory.device import CopyStream
+from ..protocols import DeviceTransfer
 from .capabilities import Capabilities
-from .pipeline import Batch, LayoutHolder, Pipeline
+from .handoff import BatchHandoff, PassConfig
+from .pipeline import Batch
 from .runtime import Runtime
 from .stream import StreamTracker
 
@@ -73,30 +74,24 @@ class _Chunk:
         self.last = False                   # the stream ended in this chunk
 
 
-class IterablePipeline(Pipeline):
-    """Pipeline over ``iter(dataset)``; ``on_error="skip"`` pulls past failures.
+class IterablePipeline(BatchHandoff):
+    """A pass over ``iter(dataset)``; ``on_error="skip"`` (``config.skip``) pulls past
+    failures.  Batches are always collated (no layout, host pool or slot ring).
 
     ``ranks=(rank, world_size)``: handed to ``dataset.set_rank`` (when the
     dataset has one) before the pass's iterator is made, so a dataset that
-    shards itself reads this process's share.  ``stream``: opens the pass (resuming
-    it where a loader state says) and snapshots the dataset's own state as chunks
-    are pulled (see ``_stream``).
+    shards itself reads this process's share.  ``caps``: the dataset's
+    capabilities as the loader read them (read here when not given).  ``stream``:
+    opens the pass (resuming it where a loader state says) and snapshots the
+    dataset's own state as chunks are pulled (see ``_stream``).
     """
 
-    def __init__(self, *, dataset: Any, batch_size: int | None, drop_last: bool,
-                 collate: Callable[[list[Any]], Any], runtime: Runtime, prefetch: int,
-                 copy: CopyStream | None, pin_host: bool, skip: bool,
-                 ranks: tuple[int, int] | None = None,
+    def __init__(self, config: PassConfig, *, dataset: Any, runtime: Runtime,
+                 copy: DeviceTransfer | None, ranks: tuple[int, int] | None = None,
                  caps: Capabilities | None = None,
                  stream: StreamTracker | None = None) -> None:
+        super().__init__(config, runtime=runtime, copy=copy)
         caps = caps if caps is not None else Capabilities.of(dataset)
-        super().__init__(dataset=dataset, caps=caps, plan=iter(()),
-                         auto_collation=batch_size is not None,
-                         collate=collate, default_collate=False,
-                         layouts=LayoutHolder(False), runtime=runtime, prefetch=prefetch,
-                         io_concurrency=0, use_fetch=False, copy=copy, pin_host=pin_host,
-                         ring=lambda layout, n: None, batch_size=batch_size,
-                         host_bufs=lambda layout, n: layout.allocate(n, pin=pin_host))
         if ranks is not None and caps.set_rank is not None:
             caps.set_rank(*ranks)
         self.decode_fn = caps.decode if caps.iter_raw is not None else None
@@ -105,9 +100,9 @@ class IterablePipeline(Pipeline):
             return iter(caps.iter_raw()) if caps.iter_raw is not None else iter(dataset)
         self.stream = stream
         self.it, start = stream.open(make) if stream is not None else (make(), 0)
-        self.drop_last = drop_last
-        self.skip = skip
-        self.size = batch_size or 1
+        self.drop_last = config.drop_last
+        self.skip = config.skip
+        self.size = config.batch_size or 1
         # pulling (under it_lock)
         self.it_lock = threading.Lock()
         self.position = start    # items pulled from the stream so far
@@ -143,7 +138,7 @@ class IterablePipeline(Pipeline):
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> bool:
         if self.runtime.submit(fn, *args) is None:
-            self.stop()  # the runtime is closing: this pass is over
+            self.stop("the loader's threads were shut down")  # the runtime is closing
             return False
         return True
 
@@ -187,7 +182,7 @@ class IterablePipeline(Pipeline):
         self.position += len(c.items)
         if c.last:
             with self.cond:
-                self.exhausted = True
+                self._plan_exhausted()
                 self.submitted -= self.wanted  # credits no chunk will use
                 self.wanted = 0
                 self.cond.notify_all()

@@ -14,14 +14,14 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 from torch.utils.data import default_collate, default_convert
 
-from .._memory.device import CopyStream, pin, resolve_device, resolve_pin
+from .._memory.batches import LoaderMemory
+from .._memory.device import CopyStream, resolve_device, resolve_pin
 from .._errors import (AsyncFeedError, LoaderClosedError, SampleError, StateError, describe,
                        is_fatal, rebuild_error)
-from .._memory.hostpool import HostBufferPool
 from .capabilities import Capabilities
 from .autotune import Tuner
 from .iterable import IterablePipeline
-from .layout import Layout
+from .handoff import BatchHandoff, PassConfig, PassState
 from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
 from .runtime import Runtime
@@ -29,6 +29,7 @@ from .._memory.slots import SlotRing
 from .readahead import ReadAheadStats
 from .._io.hedge import CountsReads
 from .state import FORMAT as STATE_FORMAT, VERSION as STATE_VERSION, LoaderState, PassProgress
+from ..protocols import DeviceTransfer
 from .stats import IOStats, LoaderStats, RateLimitedLog, SkippedSample
 from .stream import StreamTracker, has_state
 
@@ -126,7 +127,11 @@ class AsyncLoader(Generic[T_co]):
       a slow or retried read delays only its own batch (see ``docs/remote.md``).
     - ``device``: ``None``/``"cpu"`` for host batches, ``"cuda[:N]"`` to receive
       batches on the GPU, copied on a dedicated stream.
-    - ``pin_memory``: default on when ``device`` is CUDA.
+    - ``pin_memory``: default on when ``device`` is CUDA (or ``copy_stream`` given).
+    - ``copy_stream``: the :class:`~asyncfeed.protocols.DeviceTransfer` that moves
+      batches to the device (default: a :class:`~asyncfeed.CopyStream` on
+      ``device``, made at the first ``iter()``).  Batches are then written into a
+      ring of ``prefetch`` slots, each reused once its copy's event completed.
     - ``seed``: shuffle seed when no ``generator`` is given; epoch ``e`` shuffles
       with ``seed + e`` (see ``set_epoch``).  Without seed or generator, shuffling
       draws from torch's global RNG, as DataLoader does.
@@ -171,7 +176,8 @@ class AsyncLoader(Generic[T_co]):
                  prefetch: int | None = None, device: str | torch.device | int | None = None,
                  seed: int | None = None, on_error: OnError = "raise",
                  rank: int | None = None, world_size: int | None = None,
-                 readahead_bytes: int | None = None) -> None:
+                 readahead_bytes: int | None = None,
+                 copy_stream: DeviceTransfer | None = None) -> None:
         validate(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
@@ -190,6 +196,9 @@ class AsyncLoader(Generic[T_co]):
         self.readahead_bytes = readahead_bytes
         if seed is not None and not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if copy_stream is not None and not isinstance(copy_stream, DeviceTransfer):
+            raise TypeError(f"copy_stream must be a DeviceTransfer (pin, to_device, "
+                            f"hand_over), got {type(copy_stream).__name__}")
         self.rank, self.world_size = resolve_ranks(rank, world_size)
         if seed is not None and generator is not None:
             if self.world_size > 1:
@@ -217,7 +226,9 @@ class AsyncLoader(Generic[T_co]):
         # how many of the threads run: adapted by measurement unless num_threads is given
         self._tuner = Tuner(self.num_threads, available_cores(), adaptive=num_threads is None)
         self.device = resolve_device(device)
-        self.pin_memory = resolve_pin(pin_memory, self.device)
+        # with a transfer of the user's, pinning is its pin(): no CUDA check here
+        self.pin_memory = resolve_pin(pin_memory, self.device) if copy_stream is None \
+            else pin_memory is not False
         self._iterable = is_iterable_dataset(dataset)
         self._plan = IndexPlan(dataset, batch_size, bool(shuffle), sampler, batch_sampler,
                                drop_last, generator, seed, self.rank, self.world_size)
@@ -232,15 +243,12 @@ class AsyncLoader(Generic[T_co]):
         self._caps = Capabilities.of(dataset)
         self.prefetch = prefetch or self._default_prefetch()
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
-        self._ring: SlotRing | None = None
-        self._ring_lock = threading.Lock()
-        # Host batches (no CUDA ring): room for the prefetched ones, the one the user
-        # holds and one being handed over.  Pinned host batches are not reused: a
-        # user's own .to("cuda", non_blocking=True) may still be reading one after
-        # dropping it; torch's pinned allocator caches them and knows about such copies.
-        pinned = self.pin_memory and self.device is None
-        self._host_pool = HostBufferPool(0 if pinned else self.prefetch + 2, pin=pinned)
-        self._copy: CopyStream | None = None
+        transfer = self.device is not None or copy_stream is not None
+        self._memory = LoaderMemory(batch_size=batch_size, prefetch=self.prefetch,
+                                    use_ring=transfer and self.pin_memory,
+                                    pin_host=self.pin_memory and not transfer)
+        self._host_pool = self._memory.pool
+        self._copy: DeviceTransfer | None = copy_stream
         self._epoch = 0
         self._stats = LoaderStats()
         self._readahead_stats: ReadAheadStats | None = None
@@ -260,6 +268,10 @@ class AsyncLoader(Generic[T_co]):
     @property
     def _use_fetch(self) -> bool:
         return self._caps.use_fetch
+
+    @property
+    def _ring(self) -> SlotRing | None:
+        return self._memory.current_ring
 
     def _default_prefetch(self) -> int:
         per_batch = self.batch_size or 1
@@ -361,32 +373,30 @@ class AsyncLoader(Generic[T_co]):
         it._start()
         return it
 
-    def _make_pipeline(self, runtime: Runtime) -> tuple[Pipeline, PassProgress]:
+    def _make_pipeline(self, runtime: Runtime
+                       ) -> tuple[Pipeline | IterablePipeline, PassProgress]:
         """The pass's pipeline and its progress record (where the pass starts)."""
         resume, self._resume = self._resume, None
+        config = PassConfig(batch_size=self.batch_size, collate=self._collate,
+                            auto_collation=self._plan.auto_collation,
+                            default_collate=self._layouts.enabled, prefetch=self.prefetch,
+                            io_concurrency=self.io_concurrency, in_order=self.in_order,
+                            readahead_bytes=self.readahead_bytes, pin_host=self.pin_memory,
+                            drop_last=self.drop_last, skip=self.on_error == "skip")
         if self._iterable:
             self._stats.path = "iterable"
             tracker = StreamTracker(self.dataset, resume.stream if resume is not None
                                     else None)
-            pipeline = IterablePipeline(dataset=self.dataset, caps=self._caps,
-                                        batch_size=self.batch_size,
-                                        drop_last=self.drop_last, collate=self._collate,
-                                        runtime=runtime, prefetch=self.prefetch,
-                                        copy=self._copy, pin_host=self.pin_memory,
-                                        skip=self.on_error == "skip",
+            pipeline = IterablePipeline(config, dataset=self.dataset, caps=self._caps,
+                                        runtime=runtime, copy=self._copy,
                                         ranks=(self.rank, self.world_size), stream=tracker)
             progress = PassProgress(self._epoch, stream_start=tracker.start)
             progress.stream = tracker
             return pipeline, progress
         plan, progress = self._start_plan(resume)
-        pipeline = Pipeline(dataset=self.dataset, caps=self._caps, plan=plan,
-                        auto_collation=self._plan.auto_collation, collate=self._collate,
-                        default_collate=self._layouts.enabled, layouts=self._layouts,
-                        runtime=runtime, prefetch=self.prefetch,
-                        io_concurrency=self.io_concurrency, use_fetch=self._use_fetch,
-                        copy=self._copy, pin_host=self.pin_memory, ring=self._get_ring,
-                        batch_size=self.batch_size, host_bufs=self._host_bufs,
-                        in_order=self.in_order, readahead_bytes=self.readahead_bytes)
+        pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,
+                            layouts=self._layouts, runtime=runtime, memory=self._memory,
+                            copy=self._copy)
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
         pipeline.tuner = self._tuner
         pipeline.gate = self._tuner.gate_for_pass()
@@ -558,20 +568,6 @@ class AsyncLoader(Generic[T_co]):
         except TypeError:
             return None
 
-    def _host_bufs(self, layout: Layout, rows: int) -> list[Any]:
-        """Host buffers for a batch of ``rows``: reused once nobody holds them."""
-        return self._host_pool.take(layout, max(rows, self.batch_size or rows))
-
-    def _get_ring(self, layout: Layout, rows: int) -> SlotRing | None:
-        """The pinned slot ring (CUDA only), made once the layout is known."""
-        if self.device is None or not self.pin_memory:
-            return None
-        with self._ring_lock:
-            if self._ring is None or not self._ring.fits(layout, rows):
-                self._ring = SlotRing(layout, max(rows, self.batch_size or rows),
-                                      self.prefetch)
-            return self._ring
-
     def _close_current(self, reason: str) -> None:
         it = self._current() if self._current is not None else None
         self._current = None
@@ -582,8 +578,7 @@ class AsyncLoader(Generic[T_co]):
         """Stop the current pass, join its threads and free pinned slots. Idempotent."""
         self._closed = True
         self._close_current("the loader was closed")
-        self._ring = None
-        self._host_pool.clear()
+        self._memory.close()
         self._finalizer.detach()
 
     def __enter__(self) -> AsyncLoader:
@@ -655,11 +650,11 @@ def _close_current(ref_box: list[Any]) -> None:
         it._close("the loader was garbage-collected")
 
 
-def _shutdown_and_rewind(pipeline: Pipeline, runtime: Runtime, loader_ref: Any,
+def _shutdown_and_rewind(pipeline: BatchHandoff, runtime: Runtime, loader_ref: Any,
                          progress: PassProgress) -> None:
     """Finalizer of a dropped iterator: stop its threads without waiting (any thread
     may run it) and rewind a user's generator as the pass was cut short."""
-    pipeline.stop()
+    pipeline.stop("the iterator was dropped")
     runtime.close(wait=False)
     loader = loader_ref()
     if loader is not None:
@@ -689,15 +684,13 @@ class _Iterator:
     from several threads: the calls are serialised (each batch goes to one caller).
     """
 
-    def __init__(self, loader: AsyncLoader, pipeline: Pipeline, runtime: Runtime,
-                 progress: PassProgress) -> None:
+    def __init__(self, loader: AsyncLoader, pipeline: Pipeline | IterablePipeline,
+                 runtime: Runtime, progress: PassProgress) -> None:
         self._loader = loader
         self._p = pipeline
         self._runtime = runtime
         self._progress = progress
         self._next_lock = threading.Lock()
-        self._closed_reason: str | None = None
-        self._done = False
         self._carry: list[tuple[Any, Any]] = []
         self._emitted = 0
         self._last_n = 0                     # samples in the batch just handed out
@@ -724,6 +717,11 @@ class _Iterator:
     def _start(self) -> None:
         self._p.top_up()
 
+    @property
+    def _done(self) -> bool:
+        """The pass ended with the consumer taking every batch."""
+        return self._p.state is PassState.FINISHED
+
     def __iter__(self) -> _Iterator:
         return self
 
@@ -732,9 +730,10 @@ class _Iterator:
 
     def __next__(self) -> Any:
         with self._next_lock:
-            if self._closed_reason is not None:
-                raise LoaderClosedError(f"this iterator is closed: {self._closed_reason}")
-            if self._done:
+            state = self._p.state
+            if state is PassState.CLOSED:
+                raise LoaderClosedError(f"this iterator is closed: {self._p.close_reason}")
+            if state is PassState.FINISHED:
                 raise StopIteration
             t0 = time.perf_counter()
             try:
@@ -744,7 +743,6 @@ class _Iterator:
                 else:
                     out = self._next_plain()
             except StopIteration:
-                self._done = True
                 self._progress.done = True
                 self._close(None)
                 raise
@@ -860,19 +858,18 @@ class _Iterator:
         """Collate samples in this thread (the slow path, after a skip)."""
         p = self._p
         self._last_n = len(samples)
-        host = p.collate(samples)
+        out, event = p.to_target(p.collate(samples))
         if p.copy is not None:
-            out, event = p.copy.to_device(pin(host) if p.pin_host else host)
             p.copy.hand_over(out, event)
-            return out
-        return pin(host) if p.pin_host else host
+        return out
 
     # ---------------------------------------------------------------- closing
     def _close(self, reason: str | None) -> None:
         """Stop this pass and join its threads (``reason`` None: it simply ended)."""
-        if reason is not None and self._closed_reason is None and not self._done:
-            self._closed_reason = reason
-        self._p.stop()
+        if reason is None:
+            self._p.finish()
+        else:
+            self._p.stop(reason)
         self._runtime.close(wait=True)
         # a pass's batch memory goes with it (batches still held keep theirs)
         self._loader._host_pool.clear()

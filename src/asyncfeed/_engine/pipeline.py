@@ -11,29 +11,31 @@ is complete.  The thread that completes a batch assembles it, starts its copy
 to the device and marks it ready; errors are stored with the batch, never
 raised in a worker, and reach the consumer at that batch.
 
-The pipeline holds two of the loader's bound methods (its slot ring and host
-buffer pool) but not the user's iterator, so dropping the iterator still closes
-the pipeline (see ``_loader``).
+The pipeline is made from a frozen :class:`~.handoff.PassConfig` and its live
+collaborators: the dataset's :class:`~.capabilities.Capabilities`, the plan, the
+loader's :class:`~.handoff.BatchMemory` (host pool and slot ring) and device
+transfer, the runtime.  It holds none of them through the user's iterator, so
+dropping the iterator still closes the pipeline (see ``loader``).  Handing
+batches to the consumer, and the pass's lifecycle, are :class:`~.handoff.BatchHandoff`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._memory.device import CopyStream, pin
-from .._errors import LoaderClosedError, LoaderTimeout, SampleError, is_fatal, rebuild_error
-from ..protocols import NamedSamples
-from .capabilities import Capabilities
+from .._errors import LoaderClosedError, SampleError, is_fatal, rebuild_error
+from .._memory.slots import Slot
+from ..protocols import DeviceTransfer, NamedSamples
 from . import rowtasks
 from .autotune import Gate, Tuner, rows_per_task
+from .capabilities import Capabilities
+from .handoff import BatchHandoff, BatchMemory, PassConfig
 from .layout import Layout, LayoutMismatch
 from .readahead import ReadAhead
 from .runtime import Runtime
-from .._memory.slots import Slot, SlotRing
 
 
 class LayoutHolder:
@@ -57,6 +59,9 @@ class LayoutHolder:
             if not self.decided:
                 self.layout = Layout.infer(sample)
                 self.decided = True
+
+
+_NO_RAW = object()
 
 
 class Batch:
@@ -90,56 +95,33 @@ class Batch:
         return [i for r, i in enumerate(self.indices) if not self.done[r]]
 
 
-_NO_RAW = object()
-
-
-class Pipeline:
+class Pipeline(BatchHandoff):
     """Shared state of one epoch, used by the consumer thread, the event loop and
     the decode threads."""
 
-    def __init__(self, *, dataset: Any, caps: Capabilities, plan: Iterator[Any],
-                 auto_collation: bool,
-                 collate: Callable[[list[Any]], Any], default_collate: bool,
-                 layouts: LayoutHolder, runtime: Runtime, prefetch: int,
-                 io_concurrency: int, use_fetch: bool, copy: CopyStream | None,
-                 pin_host: bool, ring: Callable[[Layout, int], SlotRing | None],
-                 batch_size: int | None,
-                 host_bufs: Callable[[Layout, int], list[Any]],
-                 in_order: bool = True, readahead_bytes: int | None = 0) -> None:
+    def __init__(self, config: PassConfig, *, dataset: Any, caps: Capabilities,
+                 plan: Iterator[Any], layouts: LayoutHolder, runtime: Runtime,
+                 memory: BatchMemory, copy: DeviceTransfer | None) -> None:
+        super().__init__(config, runtime=runtime, copy=copy, memory=memory)
+        self.memory: BatchMemory = memory
         self.dataset = dataset
         self.caps = caps
-        self.in_order = in_order
+        self.in_order = config.in_order
         # with reads on the loop, the plan is drawn ahead of the decode window and
         # its reads started (see readahead.py); readahead_bytes=0 turns that off
         self.readahead: ReadAhead | None = None
-        if use_fetch and readahead_bytes != 0 and caps.fetch is not None:
+        if caps.use_fetch and config.readahead_bytes != 0 and caps.fetch is not None:
             plan = self.readahead = ReadAhead(
-                plan, auto_collation=auto_collation, fetch=caps.fetch,
-                call_in_loop=runtime.call_in_loop, io_concurrency=io_concurrency,
-                budget=readahead_bytes, min_items=prefetch)
+                plan, auto_collation=config.auto_collation, fetch=caps.fetch,
+                call_in_loop=runtime.call_in_loop, io_concurrency=config.io_concurrency,
+                budget=config.readahead_bytes, min_items=config.prefetch)
         self.plan = plan
-        self.auto_collation = auto_collation
-        self.collate = collate
         self.layouts = layouts
-        self.runtime = runtime
-        self.prefetch = prefetch
-        self.io_concurrency = io_concurrency
-        self.use_fetch = use_fetch
-        self.copy = copy
-        self.pin_host = pin_host
-        self.get_ring = ring
-        self.host_bufs = host_bufs
-        self.batch_size = batch_size
-        self.use_getitems = caps.getitems is not None and auto_collation
-        self.ring_ok = default_collate and auto_collation and not self.use_getitems
-        self.cond = threading.Condition()
-        self.ready: dict[int, Batch] = {}
-        self.submitted = 0          # batches submitted so far (= next k)
-        self.taken = 0              # batches handed to the consumer
-        self.exhausted = False      # the plan has no more batches
-        self.stopping = False
-        self.sizes: list[int] = []  # planned size of every submitted batch
-        self._tracked: dict[int, Batch] = {}   # submitted, not yet ready
+        self.io_concurrency = config.io_concurrency
+        self.use_fetch = caps.use_fetch
+        self.use_getitems = caps.getitems is not None and config.auto_collation
+        self.ring_ok = (config.default_collate and config.auto_collation
+                        and not self.use_getitems)
         self._fetch_queue: asyncio.Queue | None = None
         self._fetch_workers: list[asyncio.Task] = []
         # set by the loader after construction: its thread tuner and this pass's gate
@@ -172,7 +154,7 @@ class Pipeline:
                 item = next(self.plan)
             except StopIteration:
                 with self.cond:
-                    self.exhausted = True
+                    self._plan_exhausted()
                     self.cond.notify_all()
                 return
             except Exception as e:  # noqa: BLE001 - a sampler's error, raised at its batch
@@ -181,7 +163,7 @@ class Pipeline:
                 self.sizes.append(0)
                 self.submitted += 1
                 with self.cond:
-                    self.exhausted = True
+                    self._plan_exhausted()
                 self._mark_ready(b)
                 return
             indices = list(item) if self.auto_collation else [item]
@@ -197,7 +179,7 @@ class Pipeline:
     def _submit(self, b: Batch) -> None:
         if b.mode == "ring":
             b.layout = self.layouts.layout
-            ring = self.get_ring(b.layout, b.n) if self.copy is not None else None
+            ring = self.memory.ring(b.layout, b.n) if self.copy is not None else None
             if ring is not None:
                 b.slot = ring.acquire()
                 b.bufs = b.slot.bufs
@@ -237,59 +219,9 @@ class Pipeline:
         b.error = b.error or LoaderClosedError("the loader was closed")
         self._mark_ready(b)
 
-    def wait(self, k: int | None, timeout: float | None) -> Batch | None:
-        """The batch ``k`` (or, with ``k=None``, the oldest ready one) once ready;
-        None when the epoch has no more batches.  Raises LoaderTimeout."""
-        deadline = None if not timeout else time.monotonic() + timeout
-        with self.cond:
-            while True:
-                if k is not None:
-                    if k in self.ready:
-                        return self.ready.pop(k)
-                elif self.ready:
-                    return self.ready.pop(min(self.ready))
-                if self.taken >= self.submitted and self.exhausted:
-                    return None
-                if self.stopping:
-                    raise LoaderClosedError("the loader was closed while waiting for a batch")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise LoaderTimeout(self._timeout_message(k, timeout))
-                self.cond.wait(remaining if remaining is not None else 1.0)
-
-    def _timeout_message(self, k: int | None, timeout: float | None) -> str:
-        """DataLoader's "timed out after N seconds", naming the samples still pending."""
-        waiting = [f"batch {b.k} waits for samples {b.pending()[:8]}" for b in self._inflight]
-        return (f"AsyncLoader timed out after {timeout} seconds (timeout={timeout})"
-                + (f" waiting for batch {k}" if k is not None else "")
-                + ("; " + "; ".join(waiting[:3]) if waiting else ""))
-
-    def release(self, b: Batch) -> None:
-        """The consumer took ``b``: its credit (and slot) can be used again."""
-        self.taken += 1
-        if b.slot is not None:
-            b.slot.event = b.event
-            ring = self.get_ring(b.layout, b.n)
-            if ring is not None:
-                ring.release(b.slot)
-            b.slot = None
-
-    def unstarted(self) -> int:
-        """Outstanding batches that have not taken their host buffers yet."""
-        with self.cond:
-            return sum(1 for b in self._tracked.values()
-                       if b.mode == "ring" and b.bufs is None and b.n)
-
-    @property
-    def _inflight(self) -> list[Batch]:
-        return sorted(self._tracked.values(), key=lambda b: b.k)
-
-    def stop(self) -> None:
+    def _ended(self) -> None:
         if self.readahead is not None:
             self.readahead.close()
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
         if self.gate is not None:
             self.gate.open()  # no decode thread may stay parked when the pool is joined
 
@@ -404,7 +336,7 @@ class Pipeline:
         if b.bufs is None:
             with self.cond:
                 if b.bufs is None:
-                    bufs = self.host_bufs(b.layout, b.n)
+                    bufs = self.memory.host_buffers(b.layout, b.n)
                     b.views = b.layout.numpy_views(bufs)
                     b.bufs = bufs
         return b.bufs
@@ -455,7 +387,7 @@ class Pipeline:
         ``default_collate``), else with the collate function."""
         layout = self.layouts.layout
         if b.mode == "collate" and self.ring_ok and layout is not None:
-            bufs = self.host_bufs(layout, b.n)
+            bufs = self.memory.host_buffers(layout, b.n)
             views = layout.numpy_views(bufs)
             try:
                 for row, sample in enumerate(b.samples):
@@ -465,34 +397,6 @@ class Pipeline:
             else:
                 return layout.assemble(bufs, b.n)
         return self.collate(b.samples)
-
-    def _mark_ready(self, b: Batch) -> None:
-        with self.cond:
-            self._tracked.pop(b.k, None)
-            self.ready[b.k] = b
-            self.cond.notify_all()
-
-    def to_target(self, host: Any) -> tuple[Any, Any]:
-        """Pin or start the device copy of a host batch; returns (batch, event)."""
-        if self.copy is not None:
-            return self.copy.to_device(pin(host) if self.pin_host else host)
-        if self.pin_host:
-            return pin(host), None
-        return host, None
-
-    # --------------------------------------------------------------- skipping
-    def good_samples(self, b: Batch) -> list[tuple[Any, Any]]:
-        """(index, host sample) of every sample of ``b`` that loaded, in batch order."""
-        failed = {r for r, _, _ in b.failures}
-        out = []
-        for r, idx in enumerate(b.indices):
-            if r in failed:
-                continue
-            if b.mode == "ring" and not b.mismatch:
-                out.append((idx, b.layout.row_sample(b.bufs, r)))
-            else:
-                out.append((idx, b.samples[r]))
-        return out
 
 
 def sample_source(dataset: Any, idx: Any) -> str | None:

@@ -137,7 +137,7 @@ class CopyStream:
         self.timings.append((start, event, sum(src.nbytes for src, _ in pairs)))
         return out, event
 
-    def hand_over(self, gpu_batch: Any, event: torch.cuda.Event) -> None:
+    def hand_over(self, gpu_batch: Any, event: Any) -> None:  # a torch.cuda.Event
         """Make the consumer's current stream wait for the copy (on the GPU, not the host)."""
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(event)

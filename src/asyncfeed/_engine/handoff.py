@@ -1,0 +1,223 @@
+"""The consumer's side of one pass, shared by both kinds of pass.
+
+A pass (``Pipeline`` over an index plan, ``IterablePipeline`` over a stream)
+makes batches in its threads and hands them to the consumer's thread here:
+finished batches wait in ``ready`` by number, ``submitted - taken`` is the
+credit in use, and :class:`PassState` says where the pass stands.  A pass is
+configured by one frozen :class:`PassConfig` plus its live collaborators (the
+runtime, the device transfer and the loader's :class:`BatchMemory`).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._errors import LoaderClosedError, LoaderTimeout
+from .._memory.device import pin
+from ..protocols import DeviceTransfer
+from .layout import Layout
+from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from .._memory.slots import SlotRing
+    from .pipeline import Batch
+
+__all__ = ["BatchHandoff", "BatchMemory", "PassConfig", "PassState"]
+
+
+class PassState(enum.Enum):
+    """Where one pass stands.  It only moves forward:
+
+    ``RUNNING`` → ``DRAINING`` → ``FINISHED``, and from ``RUNNING`` or
+    ``DRAINING`` to ``CLOSED``.  ``FINISHED`` and ``CLOSED`` are final.
+    """
+
+    RUNNING = "running"      # the plan (or stream) still has batches to start
+    DRAINING = "draining"    # the plan is exhausted: batches in flight finish, none start
+    FINISHED = "finished"    # the consumer got every batch (StopIteration)
+    CLOSED = "closed"        # stopped early: close(), a break, a new iter(), a loaded state
+
+
+_ENDED = frozenset({PassState.FINISHED, PassState.CLOSED})
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    """What a pass is told, fixed for the pass (the loader's settings, resolved)."""
+
+    batch_size: int | None
+    collate: Callable[[list[Any]], Any]
+    auto_collation: bool = True
+    default_collate: bool = False   # the collate is torch's default_collate (rows allowed)
+    prefetch: int = 2               # batches outstanding at most
+    io_concurrency: int = 64        # fetches in flight on the event loop
+    in_order: bool = True           # batches are delivered in plan order
+    readahead_bytes: int | None = 0  # raw reads ahead of the decode window (0: off,
+                                     # None: automatic; see readahead.py)
+    pin_host: bool = False          # host batches are pinned (by the transfer, if any)
+    drop_last: bool = False         # (iterable passes) drop a short last batch
+    skip: bool = False              # (iterable passes) on_error="skip"
+
+
+class BatchMemory(Protocol):
+    """Where a pass's batch buffers come from (the loader's host pool and slot ring)."""
+
+    def ring(self, layout: Layout, rows: int) -> SlotRing | None:
+        """The slot ring for batches of ``layout`` and up to ``rows`` rows (None: no ring)."""
+        ...
+
+    def host_buffers(self, layout: Layout, rows: int) -> list[Any]:
+        """Host buffers for one batch of ``rows`` rows."""
+        ...
+
+
+class BatchHandoff:
+    """Ready batches, credit and lifecycle of one pass (see the module docstring).
+
+    ``cond`` guards ``ready``, ``_tracked`` and the state; every change a waiter
+    may care about notifies it, so ``close()`` wakes the consumer at once.
+    """
+
+    def __init__(self, config: PassConfig, *, runtime: Runtime,
+                 copy: DeviceTransfer | None, memory: BatchMemory | None = None) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.copy = copy
+        self.memory = memory
+        self.collate = config.collate
+        self.prefetch = config.prefetch
+        self.pin_host = config.pin_host
+        self.batch_size = config.batch_size
+        self.auto_collation = config.auto_collation
+        self.cond = threading.Condition()
+        self.ready: dict[int, Batch] = {}
+        self.submitted = 0          # batches submitted so far (= next k)
+        self.taken = 0              # batches handed to the consumer
+        self.state = PassState.RUNNING
+        self.close_reason: str | None = None
+        self.sizes: list[int] = []  # planned size of every submitted batch (map-style)
+        self._tracked: dict[int, Batch] = {}   # submitted, not yet ready
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def exhausted(self) -> bool:
+        """No new batch will be started (the plan is exhausted, or the pass ended)."""
+        return self.state is not PassState.RUNNING
+
+    @property
+    def stopping(self) -> bool:
+        """The pass is over: work still queued is dropped, not done."""
+        return self.state in _ENDED
+
+    def _plan_exhausted(self) -> None:
+        """The plan has no more batches (call with ``cond`` held, then notify)."""
+        if self.state is PassState.RUNNING:
+            self.state = PassState.DRAINING
+
+    def finish(self) -> None:
+        """The consumer got every batch. Idempotent; a closed pass stays closed."""
+        with self.cond:
+            if self.state not in _ENDED:
+                self.state = PassState.FINISHED
+            self.cond.notify_all()
+        self._ended()
+
+    def stop(self, reason: str = "stopped") -> None:
+        """End the pass early: the consumer's ``wait`` raises LoaderClosedError, queued
+        work is dropped.  Idempotent; a finished pass stays finished."""
+        with self.cond:
+            if self.state not in _ENDED:
+                self.state = PassState.CLOSED
+                self.close_reason = reason
+            self.cond.notify_all()
+        self._ended()
+
+    def _ended(self) -> None:
+        """Called after the pass finished or was stopped (each time, any thread)."""
+
+    # ----------------------------------------------------------------- consumer
+    def top_up(self) -> None:
+        """Start batches while fewer than the credit allows are outstanding."""
+        raise NotImplementedError
+
+    def wait(self, k: int | None, timeout: float | None) -> Batch | None:
+        """The batch ``k`` (or, with ``k=None``, the oldest ready one) once ready;
+        None when the epoch has no more batches.  Raises LoaderTimeout, and
+        LoaderClosedError once the pass was stopped (batches already ready are
+        still returned)."""
+        deadline = None if not timeout else time.monotonic() + timeout
+        with self.cond:
+            while True:
+                if k is not None:
+                    if k in self.ready:
+                        return self.ready.pop(k)
+                elif self.ready:
+                    return self.ready.pop(min(self.ready))
+                if self.stopping:
+                    raise LoaderClosedError("the loader was closed while waiting for a batch")
+                if self.taken >= self.submitted and self.exhausted:
+                    return None
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise LoaderTimeout(self._timeout_message(k, timeout))
+                self.cond.wait(remaining if remaining is not None else 1.0)
+
+    def _timeout_message(self, k: int | None, timeout: float | None) -> str:
+        """DataLoader's "timed out after N seconds", naming the samples still pending."""
+        waiting = [f"batch {b.k} waits for samples {b.pending()[:8]}" for b in self._inflight]
+        return (f"AsyncLoader timed out after {timeout} seconds (timeout={timeout})"
+                + (f" waiting for batch {k}" if k is not None else "")
+                + ("; " + "; ".join(waiting[:3]) if waiting else ""))
+
+    def release(self, b: Batch) -> None:
+        """The consumer took ``b``: its credit (and slot) can be used again."""
+        self.taken += 1
+        if b.slot is not None:
+            b.slot.event = b.event
+            ring = self.memory.ring(b.layout, b.n) if self.memory is not None else None
+            if ring is not None:
+                ring.release(b.slot)   # a slot of an older ring is dropped there
+            b.slot = None
+
+    def unstarted(self) -> int:
+        """Outstanding batches that have not taken their host buffers yet."""
+        with self.cond:
+            return sum(1 for b in self._tracked.values()
+                       if b.mode == "ring" and b.bufs is None and b.n)
+
+    @property
+    def _inflight(self) -> list[Batch]:
+        return sorted(self._tracked.values(), key=lambda b: b.k)
+
+    # ------------------------------------------------------------------ workers
+    def _mark_ready(self, b: Batch) -> None:
+        with self.cond:
+            self._tracked.pop(b.k, None)
+            self.ready[b.k] = b
+            self.cond.notify_all()
+
+    def to_target(self, host: Any) -> tuple[Any, Any]:
+        """Pin or start the device copy of a host batch; returns (batch, event)."""
+        if self.copy is not None:
+            return self.copy.to_device(self.copy.pin(host) if self.pin_host else host)
+        if self.pin_host:
+            return pin(host), None
+        return host, None
+
+    def good_samples(self, b: Batch) -> list[tuple[Any, Any]]:
+        """(index, host sample) of every sample of ``b`` that loaded, in batch order."""
+        failed = {r for r, _, _ in b.failures}
+        out = []
+        for r, idx in enumerate(b.indices):
+            if r in failed:
+                continue
+            if b.mode == "ring" and not b.mismatch:
+                out.append((idx, b.layout.row_sample(b.bufs, r)))
+            else:
+                out.append((idx, b.samples[r]))
+        return out

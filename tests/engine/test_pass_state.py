@@ -1,0 +1,195 @@
+"""A pass's explicit state (``PassState``), its frozen config, and an injected copy stream."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from asyncfeed import AsyncLoader, LoaderClosedError
+from asyncfeed._engine.handoff import BatchHandoff, PassConfig, PassState
+from asyncfeed._engine.iterable import IterablePipeline
+from asyncfeed._engine.pipeline import Pipeline
+from asyncfeed._engine.runtime import Runtime
+from asyncfeed._memory.device import map_tensors
+from asyncfeed.protocols import DeviceTransfer
+from support.oracle import assert_same_batches
+
+
+class Squares:
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        return torch.full((3,), i * i, dtype=torch.int64), i
+
+
+class Count(IterableDataset):
+    def __iter__(self):
+        return iter(range(9))
+
+
+# ----------------------------------------------------------------- PassState
+def test_a_pass_runs_drains_and_finishes():
+    with AsyncLoader(Squares(), batch_size=4, num_threads=2, prefetch=2) as al:
+        it = iter(al)
+        p = it._p
+        assert p.state is PassState.RUNNING and not p.exhausted and not p.stopping
+        got = [next(it) for _ in range(7)]     # 8 batches: the plan is now exhausted
+        assert p.state is PassState.DRAINING and p.exhausted and not p.stopping
+        got.append(next(it))
+        with pytest.raises(StopIteration):
+            next(it)
+        assert p.state is PassState.FINISHED and p.stopping and it._done
+        it.close()                             # a finished pass stays finished
+        assert p.state is PassState.FINISHED
+        with pytest.raises(StopIteration):
+            next(it)
+    assert_same_batches(got, list(DataLoader(Squares(), batch_size=4)))
+
+
+def test_a_closed_pass_says_why_and_stays_closed():
+    with AsyncLoader(Squares(), batch_size=4, num_threads=2) as al:
+        it = iter(al)
+        next(it)
+        it2 = iter(al)                         # supersedes the first pass
+        p = it._p
+        assert p.state is PassState.CLOSED and p.stopping and not it._done
+        assert "superseded" in p.close_reason
+        p.finish()
+        assert p.state is PassState.CLOSED
+        with pytest.raises(LoaderClosedError, match="superseded"):
+            next(it)
+        next(it2)
+        it2.close()
+        assert it2._p.state is PassState.CLOSED and it2._p.close_reason == "closed"
+
+
+def test_a_closed_pass_wakes_its_waiter():
+    """stop() from another thread wakes a consumer waiting for a batch."""
+    gate = threading.Event()
+
+    class Slow(Squares):
+        def __getitem__(self, i):
+            gate.wait(10)
+            return super().__getitem__(i)
+
+    with AsyncLoader(Slow(), batch_size=2, num_threads=1) as al:
+        it = iter(al)
+        threading.Timer(0.2, it._p.stop, args=("stopped by the test",)).start()
+        with pytest.raises(LoaderClosedError):
+            it._p.wait(0, 10)
+        gate.set()
+
+
+def test_iterable_pass_state():
+    with AsyncLoader(Count(), batch_size=4, num_threads=2) as al:
+        it = iter(al)
+        assert it._p.state is PassState.RUNNING
+        assert_same_batches(list(it), list(DataLoader(Count(), batch_size=4)))
+        assert it._p.state is PassState.FINISHED
+
+
+def test_both_passes_share_a_small_base_not_each_other():
+    assert issubclass(Pipeline, BatchHandoff) and issubclass(IterablePipeline, BatchHandoff)
+    assert not issubclass(IterablePipeline, Pipeline)
+
+
+def test_pass_config_is_frozen_and_given_whole():
+    with AsyncLoader(Squares(), batch_size=4, num_threads=2, prefetch=3,
+                     io_concurrency=7) as al:
+        it = iter(al)
+        cfg = it._p.config
+        assert isinstance(cfg, PassConfig)
+        assert (cfg.batch_size, cfg.prefetch, cfg.io_concurrency) == (4, 3, 7)
+        assert cfg.default_collate and cfg.auto_collation and not cfg.skip
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.prefetch = 1  # type: ignore[misc]
+        it.close()
+    rt = Runtime(1, with_loop=False)
+    try:
+        p = IterablePipeline(PassConfig(batch_size=3, collate=list, drop_last=True, skip=True),
+                             dataset=Count(), runtime=rt, copy=None)
+        assert p.skip and p.drop_last and p.size == 3 and p.memory is None
+    finally:
+        rt.close()
+
+
+# ----------------------------------------------------------- copy_stream injection
+class QueueCopy:
+    """A DeviceTransfer without CUDA: a thread "copies" each batch, then completes its
+    event; counts what it pinned, copied and handed over."""
+
+    class Event:
+        def __init__(self) -> None:
+            self.done = threading.Event()
+
+        def query(self) -> bool:
+            return self.done.is_set()
+
+        def synchronize(self) -> None:
+            assert self.done.wait(10)
+
+    def __init__(self) -> None:
+        self.pinned = self.copied = self.handed = 0
+        self.q: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="test-queue-copy")
+        self.thread.start()
+
+    def pin(self, host):
+        self.pinned += 1
+        return host
+
+    def to_device(self, host):
+        pairs = []
+
+        def alloc(t):
+            pairs.append((t, torch.empty_like(t)))
+            return pairs[-1][1]
+        out, ev = map_tensors(host, alloc), QueueCopy.Event()
+        self.q.put((pairs, ev))
+        return out, ev
+
+    def hand_over(self, out, ev):
+        self.handed += 1
+        ev.synchronize()
+
+    def _run(self):
+        while (item := self.q.get()) is not None:
+            pairs, ev = item
+            for s, d in pairs:
+                d.copy_(s)
+            self.copied += 1
+            ev.done.set()
+
+    def close(self):
+        self.q.put(None)
+        self.thread.join()
+
+
+@pytest.mark.parametrize("pin_memory", [None, False])
+def test_an_injected_copy_stream_carries_every_batch(pin_memory):
+    copy = QueueCopy()
+    assert isinstance(copy, DeviceTransfer)
+    try:
+        with AsyncLoader(Squares(), batch_size=4, num_threads=2, prefetch=2,
+                         copy_stream=copy, pin_memory=pin_memory) as al:
+            got = list(al)
+            ring = al._ring
+        assert_same_batches(got, list(DataLoader(Squares(), batch_size=4)))
+        assert copy.copied == copy.handed == len(got) == 8
+        if pin_memory is None:      # pinned by the transfer, written into its slot ring
+            assert ring is not None and ring.count == 2 and copy.pinned > 0
+        else:                       # pin_memory=False: host batches, copied as they are
+            assert ring is None and copy.pinned == 0
+    finally:
+        copy.close()
+
+
+def test_copy_stream_must_be_a_device_transfer():
+    with pytest.raises(TypeError, match="DeviceTransfer"):
+        AsyncLoader(Squares(), copy_stream=object())
