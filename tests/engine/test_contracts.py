@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import re
+from pathlib import Path
 import warnings
 
 import pytest
@@ -234,3 +235,30 @@ def test_work_refused_at_close_is_a_loader_closed_error(fetch):
     finally:
         rt.close()
         loader.close()
+
+
+# ------------------------------------------------------------------------- docs
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+BENCH_DOCS = {"benchmarks.md", "gpu.md"}  # the bench's own tools may be named there
+
+
+def _user_docs() -> list[Path]:
+    return [p for p in sorted(DOCS.glob("*.md")) if p.name not in BENCH_DOCS] + \
+        [DOCS.parent / "README.md"]
+
+
+def test_user_docs_do_not_send_users_to_private_modules():
+    for path in _user_docs():
+        hits = re.findall(r"asyncfeed\._\w+(?:\.\w+)*", path.read_text())
+        assert not hits, f"{path.name} names private modules: {hits}"
+
+
+def test_what_docs_import_from_asyncfeed_is_exported():
+    for path in [*_user_docs(), *(DOCS / n for n in BENCH_DOCS)]:
+        text = path.read_text()
+        found = re.findall(r"from asyncfeed import \(([^)]*)\)", text) + \
+            re.findall(r"from asyncfeed import ([\w, ]+)$", text, flags=re.M)
+        for names in found:
+            for name in (n.strip() for n in names.split(",")):
+                if name:
+                    assert name in asyncfeed.__all__, f"{path.name} imports {name}"

@@ -13,7 +13,7 @@ on (and, inside a torch DataLoader worker, every ``num_workers``-th of those), a
 reads each shard front to back.  Remote shards are read in ``block_size`` range
 requests, ``readahead`` of them in flight on fsspec's I/O loop while the tar
 stream is parsed; every block has the per-read timeout and retries of
-:class:`~asyncfeed._io.fsspec.FsspecSource`, so a stalled or dropped
+:class:`~asyncfeed.FsspecSource`, so a stalled or dropped
 connection is retried or raised, never parsed as a short shard.  Local shards
 (plain paths, ``file://``) are read with ordinary buffered I/O.
 
@@ -235,7 +235,7 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         get a different number of samples when shards differ in size or do not
         divide evenly.
     storage_options, timeout, retries, backoff:
-        For remote shards, as in :class:`~asyncfeed._io.fsspec.FsspecSource`.
+        For remote shards, as in :class:`~asyncfeed.FsspecSource`.
     block_size, readahead:
         Remote shards are fetched in range requests of ``block_size`` bytes,
         ``readahead`` of them in flight.
