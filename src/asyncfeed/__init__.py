@@ -19,7 +19,7 @@ from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
 from ._engine.loader import AsyncLoader
 from ._engine.stats import IOStats, LoaderStats, SkippedSample
 from ._errors import (AsyncFeedError, LoaderClosedError, LoaderTimeout, RemoteReadError,
-                      RemoteTimeoutError, SampleError, StateError)
+                      RemoteTimeoutError, SampleError, StateError, WorkerCrashedError)
 from ._io.local import LocalSource
 from ._memory.device import CopyStream
 from .protocols import Decoder, DecoderInto, DeviceTransfer, Source
@@ -53,6 +53,7 @@ __all__ = [
     "Source",
     "StateError",
     "WebDatasetShards",
+    "WorkerCrashedError",
     "decode_image",
 ]
 

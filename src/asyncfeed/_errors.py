@@ -11,6 +11,7 @@ chained as ``__cause__``)::
         ├── LoaderTimeout       +RuntimeError +TimeoutError   no batch within ``timeout``
         ├── LoaderClosedError   +RuntimeError   the loader/iterator was closed or superseded
         ├── StateError          +ValueError     a ``state_dict`` not fitting this loader
+        ├── WorkerCrashedError  +RuntimeError   a worker process died (names its samples)
         └── RemoteReadError     +OSError        a remote read failed for good (url, attempts)
             └── RemoteTimeoutError  +TimeoutError   every attempt ran past the read timeout
 
@@ -40,8 +41,8 @@ import traceback as _traceback
 
 __all__ = ["AsyncFeedError", "ErrorKind", "LoaderClosedError", "LoaderTimeout",
            "RemoteReadError", "RemoteTimeoutError", "SampleError", "SizeMismatch",
-           "StateError", "classify", "describe", "is_fatal", "rebuild_error",
-           "status_and_code", "traceback_text"]
+           "StateError", "WorkerCrashedError", "classify", "describe", "is_fatal",
+           "rebuild_error", "status_and_code", "traceback_text"]
 
 class AsyncFeedError(Exception):
     """Base class of every error asyncfeed raises on its own account."""
@@ -219,6 +220,12 @@ class LoaderTimeout(AsyncFeedError, RuntimeError, TimeoutError):
 
 class LoaderClosedError(AsyncFeedError, RuntimeError):
     """The loader (or this iterator of it) was closed or superseded by a newer ``iter()``."""
+
+
+class WorkerCrashedError(AsyncFeedError, RuntimeError):
+    """A worker process of the loader's process stage died (a segfault, ``os._exit``,
+    the OOM killer) while it held samples; the message names them.  Raised as the
+    cause of the :class:`SampleError` of the first sample it held."""
 
 
 class StateError(AsyncFeedError, ValueError):

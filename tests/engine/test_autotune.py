@@ -63,7 +63,7 @@ def test_waiting_threads_that_scale_come_back_and_probes_back_off():
     t.gate_for_pass()
     seen = _drive(t, lambda n: 200.0 * n, lambda n: 0.05 * n, 300, [0.0])
     assert seen[-1] == 8
-    assert sum(1 for n in seen if n != 8) <= 12
+    assert sum(1 for n in seen if n != 8) <= 20  # windows spent probing, of 300
     downs = [i for i, (a, b, _) in enumerate(t.moves) if b < a]
     assert 2 <= len(downs) <= 10  # backoff 2, 4, ... 64 windows: ~9 in 300
 

@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader
 
-ASYNCFEED_ONLY = ("num_threads", "prefetch", "io_concurrency", "in_order", "on_error")
+ASYNCFEED_ONLY = ("num_threads", "prefetch", "io_concurrency", "in_order", "on_error",
+                  "execution", "multiprocessing_context")
 Point = namedtuple("Point", "x y")
 
 

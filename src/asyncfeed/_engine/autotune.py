@@ -41,6 +41,9 @@ DOWN_TOLERANCE = 0.97  # a probe down is kept unless the rate falls below this
 UP_GAIN = 1.05         # a probe up is kept only if the rate rises by this
 BUSY = 0.7             # share of the allowed cores the tasks must keep busy to probe up
 MAX_BACKOFF = 64
+WINDOWS_PER_SIDE = 2   # windows averaged for each rate a decision compares
+GIL_CORES = 1.3            # at most this many cores busy, whatever the threads: the GIL
+PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a process hop
 
 
 class Gate:
@@ -97,7 +100,10 @@ class Tuner:
         self._w_cpu = 0.0
         self._w_tasks = 0
         self._changed_at = 0.0   # tasks started before the last change do not count
-        self._probe: tuple[int, float] | None = None  # (limit before the probe, its rate)
+        self._seen: list[tuple[float, float]] = []  # (rate, cores busy) of recent windows
+        self._probe: tuple[int, float, float] | None = None  # (limit, rate, cores busy) before
+        # why the per-sample function was found to hold the GIL (None: not found so)
+        self.gil_bound: str | None = None
         self._hold = 0
         self._backoff = 2
 
@@ -109,6 +115,7 @@ class Tuner:
             self._w_rows = self._w_tasks = 0
             self._w_cpu = 0.0
             self._probe = None
+            self._seen = []
             self._gate = Gate(self.limit) if self.adaptive else None
             return self._gate
 
@@ -150,6 +157,7 @@ class Tuner:
         self.moves.append((self.limit, limit, why))
         self.limit = limit
         self._changed_at = now
+        self._seen = []
         self._w_start = None
         self._w_rows = self._w_tasks = 0
         self._w_cpu = 0.0
@@ -165,16 +173,32 @@ class Tuner:
     def _decide(self, rate: float, used: float, now: float) -> None:
         n = self.limit
         self.rates[n] = rate
+        # every comparison is between the means of two windows on each side: one
+        # window is noisy on a machine shared with other work
+        self._seen.append((rate, used))
+        if len(self._seen) < WINDOWS_PER_SIDE:
+            return
+        rate = sum(r for r, _ in self._seen) / len(self._seen)
+        used = sum(u for _, u in self._seen) / len(self._seen)
+        self._seen = []
         if self._probe is not None:
-            before, before_rate = self._probe
+            before, before_rate, before_used = self._probe
             self._probe = None
             down = n < before
             kept = rate >= before_rate * (DOWN_TOLERANCE if down else UP_GAIN)
+            if kept and down and self.gil_bound is None and self.cores > 1 \
+                    and before_used < GIL_CORES and used < GIL_CORES \
+                    and (self.row_cost_s or 0) >= PROCESS_MIN_ROW_S:
+                # fewer threads did as much, and about one core was ever busy: the
+                # per-sample function holds the GIL (a process stage can run it in parallel)
+                self.gil_bound = (f"gil: {before_used:.2f} cores busy with {before} threads, "
+                                  f"{before_rate:,.0f} rows/s; {rate:,.0f} with {n}")
+                log.debug("asyncfeed: %s", self.gil_bound)
             if kept:
                 self._backoff = 2
                 nxt = self._down(n) if down else self._up(n)
                 if nxt != n and (not down or used < BUSY * min(n, self.cores)):
-                    self._probe = (n, rate)
+                    self._probe = (n, rate, used)
                     self._set(nxt, f"{rate:,.0f} rows/s at {n}, probing {nxt}", now)
                 else:
                     self._hold = 4
@@ -196,7 +220,7 @@ class Tuner:
             nxt = self._up(n)
         else:
             return
-        self._probe = (n, rate)
+        self._probe = (n, rate, used)
         self._set(nxt, f"{rate:,.0f} rows/s at {n}, {used:.2f} cores busy: probing {nxt}",
                   now)
 

@@ -20,6 +20,7 @@ from .._errors import (AsyncFeedError, LoaderClosedError, SampleError, StateErro
                        is_fatal, rebuild_error)
 from .capabilities import Capabilities
 from .autotune import Tuner
+from .processes import Execution
 from .iterable import IterablePipeline
 from .handoff import BatchHandoff, PassConfig, PassState
 from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
@@ -108,13 +109,21 @@ class AsyncLoader(Generic[T_co]):
     its reads run on an event loop, ``io_concurrency`` at a time.  Fixed-shape
     samples are written straight into their row of a preallocated batch.
 
-    DataLoader's process arguments (``num_workers``, ``worker_init_fn``,
-    ``multiprocessing_context``, ``prefetch_factor``, ``persistent_workers``,
-    ``pin_memory_device``) are accepted and ignored: there are no worker
-    processes.  So is StatefulDataLoader's ``snapshot_every_n_steps``: every
+    DataLoader's process arguments ``prefetch_factor``, ``persistent_workers``
+    and ``pin_memory_device`` are accepted and ignored.  ``num_workers``,
+    ``worker_init_fn`` and ``multiprocessing_context`` apply only to the process
+    stage (``execution``, below): its number of worker processes (default: the
+    cores), and how they start and are set up, as in DataLoader.  So is
+    StatefulDataLoader's ``snapshot_every_n_steps`` ignored: every
     state here is exact, whenever it is taken.  As in DataLoader, ``batch_size``,
     ``dataset``, ``sampler``, ``batch_sampler`` and ``drop_last`` cannot be
     assigned after construction (``ValueError``).  asyncfeed's own knobs:
+
+    - ``execution``: ``"auto"`` (default) runs samples in the decode threads and
+      moves the per-sample function into worker processes when it is measured to
+      hold the GIL; ``"threads"`` never uses processes; ``"processes"`` uses them
+      from the first batch.  Batches are the same whichever runs;
+      ``stats().execution`` says which ran and why.
 
     - ``num_threads``: decode threads (default: this process's share of the cores,
       divided among torchrun's local ranks, plus up to two spare threads).
@@ -177,7 +186,8 @@ class AsyncLoader(Generic[T_co]):
                  seed: int | None = None, on_error: OnError = "raise",
                  rank: int | None = None, world_size: int | None = None,
                  readahead_bytes: int | None = None,
-                 copy_stream: DeviceTransfer | None = None) -> None:
+                 copy_stream: DeviceTransfer | None = None,
+                 execution: str = "auto") -> None:
         validate(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
@@ -242,6 +252,13 @@ class AsyncLoader(Generic[T_co]):
         self._collate = collate_fn if auto else (lambda samples: collate_fn(samples[0]))
         self._caps = Capabilities.of(dataset)
         self.prefetch = prefetch or self._default_prefetch()
+        # threads, or a process stage for GIL-bound per-sample code (see processes)
+        self.execution = execution
+        self._exec = Execution(execution, dataset,
+                               num_workers if num_workers > 0 else available_cores(),
+                               multiprocessing_context, worker_init_fn,
+                               capacity=self.prefetch + 2)
+        self._exec_finalizer = weakref.finalize(self, self._exec.close)
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
         transfer = self.device is not None or copy_stream is not None
         self._memory = LoaderMemory(batch_size=batch_size, prefetch=self.prefetch,
@@ -328,7 +345,8 @@ class AsyncLoader(Generic[T_co]):
         return LoaderStats(epoch=s.epoch, batches=s.batches, samples=s.samples,
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
                            path=s.path, skipped=list(s.skipped),
-                           execution=self._tuner.describe(), io=self._io_stats())
+                           execution=self._exec.describe() or self._tuner.describe(),
+                           io=self._io_stats())
 
     def _io_stats(self) -> IOStats | None:
         if not self._use_fetch:
@@ -400,6 +418,12 @@ class AsyncLoader(Generic[T_co]):
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
         pipeline.tuner = self._tuner
         pipeline.gate = self._tuner.gate_for_pass()
+        if self.execution != "threads" and not self._use_fetch:
+            ex, tuner = self._exec, self._tuner
+            base_seed = getattr(self._plan, "base_seed", None)
+            if base_seed is None:
+                base_seed = (self.seed or 0) + self._epoch
+            pipeline.stage_for = lambda: ex.stage_for(base_seed, tuner.gil_bound)
         return pipeline, progress
 
     def _stateful_sampler(self) -> Any:
@@ -580,6 +604,7 @@ class AsyncLoader(Generic[T_co]):
         self._close_current("the loader was closed")
         self._memory.close()
         self._finalizer.detach()
+        self._exec.close()
 
     def __enter__(self) -> AsyncLoader:
         return self

@@ -29,7 +29,7 @@ from typing import Any
 from .._errors import LoaderClosedError, SampleError, is_fatal, rebuild_error
 from .._memory.slots import Slot
 from ..protocols import DeviceTransfer, NamedSamples
-from . import rowtasks
+from . import processes, rowtasks
 from .autotune import Gate, Tuner, rows_per_task
 from .capabilities import Capabilities
 from .handoff import BatchHandoff, BatchMemory, PassConfig
@@ -128,6 +128,9 @@ class Pipeline(BatchHandoff):
         self.tuner: Tuner | None = None
         self.gate: Gate | None = None
         self.row_writer: tuple[Layout, Any] | None = None  # rowtasks' cached writer
+        # set by the loader: the process stage batches should go to now (None: threads)
+        self.stage_for: Callable[[], Any] | None = None
+        self.stage: Any = None   # the process stage this pass used
 
     # ------------------------------------------------------------------ consumer
     def _ahead(self) -> int:
@@ -200,6 +203,10 @@ class Pipeline(BatchHandoff):
             if not self.runtime.call_in_loop(self._enqueue_fetches, b):
                 self._abandon(b)
         else:
+            stage = self.stage_for() if self.stage_for is not None else None
+            if stage is not None and processes.submit_batch(self, stage, b):
+                self.stage = stage
+                return
             # runs of rows per pool task, sized by the measured cost of a row: tiny
             # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
             running = self.gate.limit if self.gate is not None else self.runtime.num_threads
@@ -224,6 +231,8 @@ class Pipeline(BatchHandoff):
             self.readahead.close()
         if self.gate is not None:
             self.gate.open()  # no decode thread may stay parked when the pool is joined
+        if self.stage is not None:
+            self.stage.drop_pipeline(self)
 
     # ------------------------------------------------------------- event loop
     def _enqueue_fetches(self, b: Batch) -> None:

@@ -159,7 +159,7 @@ class IndexPlan:
     def predraw(self) -> dict[str, Any]:
         """Make now the global-RNG draws the next ``start`` would make (DataLoader's base
         seed, then the sampler's seed); hand the result to ``start(predrawn=True)``."""
-        torch.empty((), dtype=torch.int64).random_()
+        self.base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         return {"sampler_seed": int(torch.empty((), dtype=torch.int64).random_().item())}
 
     def start(self, epoch: int, replay: dict[str, Any] | None = None, predrawn: bool = False
@@ -177,7 +177,7 @@ class IndexPlan:
             # DataLoader: iter(sampler), base seed drawn, then RandomSampler draws its
             # seed from the global RNG.  Same draws, but the seed is kept for replay.
             if not predrawn:
-                torch.empty((), dtype=torch.int64).random_()
+                self.base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
             if "sampler_seed" not in replay:
                 replay["sampler_seed"] = int(torch.empty((), dtype=torch.int64).random_().item())
             it = iter(self.index_sampler(epoch, replay["sampler_seed"]))
@@ -186,7 +186,8 @@ class IndexPlan:
         if self.generator is not None or (self.seed is None and not self.sharded):
             # DataLoader draws its base seed here (from the global RNG without a
             # generator); with seed= the global RNG is left alone.
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            self.base_seed = int(torch.empty((), dtype=torch.int64).random_(
+                generator=self.generator).item())
         return it, replay
 
     def resharded(self, epoch: int, offset: int) -> Iterator[Any]:

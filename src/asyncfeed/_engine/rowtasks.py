@@ -160,6 +160,22 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
     return hi - lo
 
 
+def place_sample(p: Pipeline, b: Batch, row: int, sample: Any) -> None:
+    """Put a sample loaded elsewhere (a worker process) into row ``row`` of ``b``."""
+    b.samples[row] = sample
+    if b.mode == "ring":
+        if b.mismatch:
+            return
+        bufs = p._rows_of(b)
+        try:
+            b.layout.write_row(bufs, row, sample, b.views)
+        except LayoutMismatch:
+            b.mismatch = True
+            p.layouts.give_up()
+    elif not p.layouts.decided:
+        p.layouts.offer(sample)
+
+
 def rows_done(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
     """Rows ``lo..hi`` of ``b`` are done (one lock for all); the last finishes ``b``."""
     with p.cond:

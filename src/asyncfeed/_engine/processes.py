@@ -1,0 +1,697 @@
+"""A process stage for per-sample code that holds the GIL.
+
+Only the per-sample function (``dataset[index]``) moves to worker processes;
+the plan, the event loop, batch assembly, the host pool and ring, pinned memory
+and the copy stream stay in the loader's process.  The pipeline hands the stage
+runs of rows (``submit``), as it hands them to the decode pool:
+
+* the indices go to a worker over its own task queue (the least loaded one);
+* a fixed-shape batch's buffers live in shared memory (:class:`ShmBuffers`, one
+  ``/dev/shm`` file per buffer set): the worker maps the file and writes each
+  sample's leaves straight into its row, so nothing big is pickled and nothing
+  is collated in the worker; a sample that does not fit the layout (or any
+  sample before the layout is known) is pickled back whole;
+* a thread of this process (``asyncfeed-proc-results``) reads the results,
+  places pickled samples, notes failures, and reports the rows done to the
+  pipeline, which finishes the batch as it does for threads.
+
+Workers are started lazily, with the ``multiprocessing_context`` given to the
+loader (DataLoader's argument: "fork", "forkserver", "spawn" or a context), and
+run ``worker_init_fn(worker_id)`` with ``torch.utils.data.get_worker_info()``
+set as DataLoader sets it (id, num_workers, seed, dataset; ``random``, torch and
+numpy seeded from the base seed as DataLoader seeds them).
+
+A worker that dies (a segfault, ``os._exit``, the OOM killer) is noticed within
+a tenth of a second: every row it held fails with :class:`WorkerCrashedError`
+naming those samples, the stage stops taking work (the pipeline goes back to
+its threads) and no one waits forever.  ``close()`` (idempotent) stops the
+workers (terminating, then killing, one that does not exit), joins the results
+thread and unlinks every shared-memory file; the loader closes its stage at
+``close()``, when it is garbage-collected and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import mmap
+import multiprocessing as mp
+import os
+import queue
+import random
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .._errors import AsyncFeedError, WorkerCrashedError
+from .layout import _PY_SCALARS, Layout, LayoutMismatch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pipeline import Batch, Pipeline
+
+log = logging.getLogger("asyncfeed")
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+_ALIGN = 64
+_names = itertools.count()
+
+
+# ---------------------------------------------------------------- shared memory
+def segment_plan(layout: Layout, rows: int) -> tuple[list[tuple[int, int] | None], int]:
+    """(offset, bytes) of each leaf's buffer in a buffer set's segment (None for
+    leaves kept in Python lists), and the segment's size.  Both processes compute it."""
+    out: list[tuple[int, int] | None] = []
+    off = 0
+    for s in layout.specs:
+        if s.kind == "list":
+            out.append(None)
+            continue
+        n = rows * int(np.prod(s.shape, dtype=np.int64)) * torch.empty(
+            (), dtype=s.dtype).element_size()
+        out.append((off, n))
+        off += -(-max(n, 1) // _ALIGN) * _ALIGN
+    return out, max(off, _ALIGN)
+
+
+def _open_segment(path: str, size: int, create: bool) -> mmap.mmap:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+
+
+class ShmBuffers:
+    """Batch buffer sets in shared memory, reused once nobody holds them (as the
+    host pool reuses its buffers: a set is free when the pool alone holds its
+    storages).  ``take`` may be called from any thread."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity if _use_count is not None else 0
+        self._lock = threading.Lock()
+        self._layout: Layout | None = None
+        self._rows = 0
+        self._kept: list[tuple[str, list[Any]]] = []     # (path, storages)
+        self._paths: dict[int, str] = {}                 # first storage's data_ptr -> path
+        self._files: set[str] = set()                    # every file not yet unlinked
+
+    def take(self, layout: Layout, rows: int) -> tuple[list[Any], str]:
+        """Buffers for ``rows`` samples of ``layout``, and the file they live in."""
+        with self._lock:
+            if layout is not self._layout or rows > self._rows:
+                self._forget_all()
+                self._layout, self._rows = layout, rows
+            for path, storages in self._kept:
+                if all(st is None or _use_count(st._cdata) == 1 for st in storages):
+                    return self._views(layout, storages), path
+            return self._allocate(layout)
+
+    def _allocate(self, layout: Layout) -> tuple[list[Any], str]:
+        plan, size = segment_plan(layout, self._rows)
+        path = os.path.join(_shm_dir(), f"asyncfeed-{os.getpid()}-{next(_names)}")
+        mm = _open_segment(path, size, create=True)
+        self._files.add(path)
+        bufs: list[Any] = []
+        for spec, place in zip(layout.specs, plan):
+            if place is None:
+                bufs.append([None] * self._rows)
+                continue
+            off, n = place
+            t = torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=off) if n else \
+                torch.empty(0, dtype=torch.uint8)
+            bufs.append(t.view(spec.dtype).view(self._rows, *spec.shape))
+        storages = [b.untyped_storage() if isinstance(b, torch.Tensor) else None for b in bufs]
+        key = next((b.data_ptr() for b in bufs if isinstance(b, torch.Tensor)), 0)
+        self._paths[key] = path
+        if len(self._kept) < self.capacity:
+            self._kept.append((path, storages))
+        return bufs, path
+
+    def path_of(self, bufs: list[Any]) -> str | None:
+        """The file of a buffer set this pool handed out (None for other buffers)."""
+        key = next((b.data_ptr() for b in bufs if isinstance(b, torch.Tensor)), 0)
+        with self._lock:
+            return self._paths.get(key)
+
+    def _views(self, layout: Layout, storages: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for spec, st in zip(layout.specs, storages):
+            if st is None:
+                out.append([None] * self._rows)
+            else:
+                t = torch.empty(0, dtype=spec.dtype)
+                out.append(t.set_(st, 0, (self._rows, *spec.shape)))
+        return out
+
+    def _forget_all(self) -> None:
+        self._kept = []
+        self._unlink_all()
+
+    def _unlink_all(self) -> None:
+        # unlinking removes the name; memory stays mapped (valid) wherever a batch
+        # or a worker still uses it, and goes with the last mapping
+        for path in list(self._files):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._files.clear()
+
+    def close(self) -> None:
+        """Forget every buffer set and unlink every file (idempotent)."""
+        with self._lock:
+            self._kept = []
+            self._paths.clear()
+            self._unlink_all()
+
+
+# ----------------------------------------------------------------- the worker
+def _seed_like_dataloader(base_seed: int, worker_id: int) -> int:
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+        np.random.seed(_generate_state(base_seed, worker_id))
+    except Exception:  # noqa: BLE001 - numpy seeding is best effort, as in DataLoader
+        pass
+    return seed
+
+
+def _as_array(x: Any, spec: Any) -> np.ndarray | None:
+    """A leaf as the NumPy array to copy into its row, or None if it does not fit."""
+    if spec.kind == "scalar":
+        return None
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.requires_grad or x.is_conj() or x.is_neg() \
+                or tuple(x.shape) != spec.shape or x.dtype != spec.dtype:
+            return None
+        try:
+            return x.numpy()
+        except (TypeError, RuntimeError):  # bfloat16 and other dtypes NumPy lacks
+            return None
+    if isinstance(x, np.ndarray):
+        if x.shape != spec.shape or not x.dtype.isnative or x.dtype.kind not in "biuf":
+            return None
+        return x
+    return None
+
+
+class _Rows:
+    """A worker's view of one buffer set: writes samples into their rows."""
+
+    def __init__(self, path: str, layout: Layout, rows: int) -> None:
+        plan, size = segment_plan(layout, rows)
+        self.mm = _open_segment(path, size, create=False)
+        self.layout = layout
+        self.views: list[np.ndarray | None] = []
+        for spec, place in zip(layout.specs, plan):
+            if place is None or spec.dtype not in _NP_DTYPES:
+                self.views.append(None)
+                continue
+            off, n = place
+            dt = _NP_DTYPES[spec.dtype]
+            self.views.append(np.frombuffer(self.mm, dtype=dt, count=n // dt.itemsize,
+                                            offset=off).reshape(rows, *spec.shape))
+
+    def write(self, row: int, sample: Any) -> bool:
+        """Write ``sample`` into ``row``; False (nothing that matters written) if it
+        does not fit exactly: the sample then goes back pickled."""
+        try:
+            leaves = self.layout.flatten(sample)
+        except LayoutMismatch:
+            return False
+        arrays = []
+        for spec, x, v in zip(self.layout.specs, leaves, self.views):
+            if v is None:
+                return False
+            if spec.kind == "scalar":
+                if _PY_SCALARS.get(type(x)) != spec.dtype:
+                    return False
+                arrays.append((v, x))
+                continue
+            a = _as_array(x, spec)
+            if a is None or a.dtype != v.dtype:
+                return False
+            arrays.append((v, a))
+        for v, a in arrays:
+            v[row] = a
+        return True
+
+    def close(self) -> None:
+        self.views = []
+        try:
+            self.mm.close()
+        except BufferError:  # pragma: no cover - a view still alive; unmapped at exit
+            pass
+
+
+_NP_DTYPES: dict[torch.dtype, np.dtype] = {
+    t: np.dtype(n) for t, n in ((torch.uint8, "u1"), (torch.int8, "i1"), (torch.int16, "i2"),
+                                (torch.int32, "i4"), (torch.int64, "i8"),
+                                (torch.float16, "f2"), (torch.float32, "f4"),
+                                (torch.float64, "f8"), (torch.bool, "?"))}
+
+
+def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
+                 base_seed: int, tasks: Any, results: Any) -> None:
+    """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows)`` in, one
+    ``(task_id, worker_id, out)`` back per task; ``None`` ends it."""
+    from torch._utils import ExceptionWrapper
+    from torch.utils.data._utils import worker as tw
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the loader's process handles ^C
+    with _open_lock:  # a forked worker inherits the loader's stages: not its to close
+        _open.clear()
+    seed = _seed_like_dataloader(base_seed, worker_id)
+    tw._worker_info = tw.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
+                                    dataset=dataset)
+    if init_fn is not None:
+        try:
+            init_fn(worker_id)
+        except BaseException:  # noqa: BLE001 - reported as the first task's failure
+            results.put((-1, worker_id, ExceptionWrapper(
+                sys.exc_info(), where=f"in worker_init_fn of worker process {worker_id}")))
+            return
+    mapped: dict[str, _Rows] = {}
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        task_id, rows, indices, path, layout, n_rows, forget = task
+        for f in forget:
+            r = mapped.pop(f, None)
+            if r is not None:
+                r.close()
+        target = None
+        if path is not None:
+            target = mapped.get(path)
+            if target is None:
+                try:
+                    target = mapped[path] = _Rows(path, layout, n_rows)
+                except OSError:
+                    target = None
+        out: list[tuple[int, str, Any]] = []
+        for row, idx in zip(rows, indices):
+            try:
+                sample = dataset[idx]
+            except BaseException:  # noqa: BLE001 - travels to the loader's process
+                out.append((row, "e", ExceptionWrapper(
+                    sys.exc_info(), where=f"in worker process {worker_id}")))
+                continue
+            if target is not None and target.write(row, sample):
+                out.append((row, "w", None))
+            else:
+                out.append((row, "s", sample))
+            del sample
+        results.put((task_id, worker_id, out))
+    for r in mapped.values():
+        r.close()
+
+
+# ------------------------------------------------------------------ the stage
+_open: weakref.WeakSet[ProcessStage] = weakref.WeakSet()
+_open_lock = threading.Lock()
+
+
+def _close_all_at_exit() -> None:
+    with _open_lock:
+        stages = [st for st in _open if st.owner_pid == os.getpid()]
+    for st in stages:
+        st.close()
+
+
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_close_all_at_exit)
+else:  # pragma: no cover
+    import atexit
+    atexit.register(_close_all_at_exit)
+
+
+def resolve_context(context: Any) -> Any:
+    """DataLoader's ``multiprocessing_context``: None (the platform's default), a
+    start method name, or a context object."""
+    if context is None:
+        return mp.get_context()
+    if isinstance(context, str):
+        if context not in mp.get_all_start_methods():
+            raise ValueError(f"multiprocessing_context={context!r}: this platform supports "
+                             f"{', '.join(mp.get_all_start_methods())}")
+        return mp.get_context(context)
+    if not isinstance(context, mp.context.BaseContext):
+        raise TypeError("multiprocessing_context must be a start method name or a "
+                        f"multiprocessing context, got {type(context).__name__}")
+    return context
+
+
+class ProcessStage:
+    """``num_workers`` worker processes running ``dataset[index]`` for the pipeline."""
+
+    def __init__(self, dataset: Any, num_workers: int, context: Any,
+                 worker_init_fn: Callable[[int], None] | None, base_seed: int,
+                 capacity: int) -> None:
+        self.dataset = dataset
+        self.num_workers = max(1, num_workers)
+        self.ctx = resolve_context(context)
+        self.worker_init_fn = worker_init_fn
+        self.base_seed = base_seed
+        self.buffers = ShmBuffers(capacity)
+        self.broken: BaseException | None = None
+        self.owner_pid = os.getpid()
+        self._lock = threading.Lock()
+        self._closed = False      # the results thread may stop
+        self._closing = False     # no more work is taken
+        self._started = False
+        self._workers: list[Any] = []
+        self._queues: list[Any] = []
+        self._results: Any = None
+        self._collector: threading.Thread | None = None
+        self._ids = itertools.count()
+        # task id -> (pipeline, batch, lo, hi, worker)
+        self._pending: dict[int, tuple[Any, Any, int, int, int]] = {}
+        self._load = [0] * self.num_workers     # rows outstanding per worker
+        self._forget: list[str] = []
+        self._dead: set[int] = set()
+        self._last_layout: Layout | None = None
+
+    @property
+    def usable(self) -> bool:
+        return not self._closing and self.broken is None
+
+    def start(self) -> None:
+        """Start the workers and the results thread (once; from the consumer thread)."""
+        with self._lock:
+            if self._started or self._closing:
+                return
+            self._started = True
+            with _open_lock:
+                _open.add(self)
+            self._results = self.ctx.Queue()
+            for wid in range(self.num_workers):
+                q = self.ctx.Queue()
+                p = self.ctx.Process(target=_worker_main, name=f"asyncfeed-proc-{wid}",
+                                     args=(wid, self.num_workers, self.dataset,
+                                           self.worker_init_fn, self.base_seed, q,
+                                           self._results), daemon=True)
+                p.start()
+                self._queues.append(q)
+                self._workers.append(p)
+            self._collector = threading.Thread(target=self._collect,
+                                               name="asyncfeed-proc-results", daemon=False)
+            self._collector.start()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._workers if p.pid is not None]
+
+    # -------------------------------------------------------------- submitting
+    def take(self, layout: Layout, rows: int) -> tuple[list[Any], str]:
+        return self.buffers.take(layout, rows)
+
+    def submit(self, p: Pipeline, b: Batch, lo: int, hi: int, path: str | None) -> bool:
+        """Send rows ``lo..hi`` of ``b`` to a worker; False if the stage cannot take
+        them (closed or broken: the caller runs them in threads)."""
+        with self._lock:
+            if not self.usable:
+                return False
+            alive = [w for w in range(self.num_workers) if w not in self._dead]
+            wid = min(alive, key=self._load.__getitem__)
+            tid = next(self._ids)
+            self._pending[tid] = (p, b, lo, hi, wid)
+            self._load[wid] += hi - lo
+            forget, self._forget = self._forget, []
+        layout = b.layout if path is not None else None
+        try:
+            self._queues[wid].put((tid, list(range(lo, hi)), b.indices[lo:hi], path, layout,
+                                   len(b.bufs[0]) if path is not None and b.bufs else 0,
+                                   forget))
+        except (ValueError, OSError):  # the queue was closed under us
+            with self._lock:
+                self._pending.pop(tid, None)
+                self._load[wid] -= hi - lo
+            return False
+        return True
+
+    # -------------------------------------------------------------- collecting
+    def _collect(self) -> None:
+        """The results thread: apply each task's results; notice dead workers."""
+        while not self._closed:
+            try:
+                msg = self._results.get(timeout=0.1)
+            except queue.Empty:
+                self._check_workers()
+                continue
+            except (EOFError, OSError, ValueError):
+                break
+            tid, wid, out = msg
+            if tid == -1:  # worker_init_fn failed: the worker has returned
+                self._fail_worker(wid, _unwrap(out))
+                continue
+            with self._lock:
+                entry = self._pending.pop(tid, None)
+                if entry is not None:
+                    self._load[entry[4]] -= entry[3] - entry[2]
+            if entry is None:
+                continue
+            p, b, lo, hi, _ = entry
+            _apply(p, b, lo, hi, out)
+            del p, b, entry, out, msg
+
+    def _check_workers(self) -> None:
+        for wid, w in enumerate(self._workers):
+            if self._closed:
+                return
+            if self._closing:
+                return
+            if wid not in self._dead and not w.is_alive():
+                code = w.exitcode
+                why = (f"killed by signal {signal.Signals(-code).name}" if code and code < 0
+                       else f"exited with code {code}")
+                self._fail_worker(wid, None, why)
+
+    def _fail_worker(self, wid: int, error: BaseException | None, why: str = "") -> None:
+        with self._lock:
+            self._dead.add(wid)
+            held = [(tid, e) for tid, e in self._pending.items() if e[4] == wid]
+            for tid, _ in held:
+                del self._pending[tid]
+            if self.broken is None:
+                self.broken = error or WorkerCrashedError(
+                    f"worker process {wid} {why}")
+        samples = [i for _, e in held for i in e[1].indices[e[2]:e[3]]]
+        if error is None:
+            pid = self._workers[wid].pid
+            error = WorkerCrashedError(
+                f"asyncfeed worker process {wid} (pid {pid}) {why} while loading samples "
+                f"{samples[:16]}{'...' if len(samples) > 16 else ''}; the loader stopped "
+                "using processes for the rest of its life")
+        log.warning("asyncfeed: %s", error)
+        for _, (p, b, lo, hi, _) in held:
+            for row in range(lo, hi):
+                p._note_failure(b, row, b.indices[row], error)
+            from .rowtasks import rows_done
+            rows_done(p, b, lo, hi)
+
+    def forget_segment(self, path: str) -> None:
+        with self._lock:
+            self._forget.append(path)
+
+    # ----------------------------------------------------------------- closing
+    def drop_pipeline(self, p: Pipeline) -> None:
+        """The pass ``p`` is over: results still coming for it are dropped."""
+        with self._lock:
+            for tid in [t for t, e in self._pending.items() if e[0] is p]:
+                e = self._pending.pop(tid)
+                self._load[e[4]] -= e[3] - e[2]
+
+    def close(self) -> None:
+        """Stop the workers and the results thread; unlink shared memory.  Idempotent;
+        does nothing in another process (a forked child holding a copy).
+
+        The results thread keeps draining while the workers exit (a worker cannot
+        exit while its last results wait in a full pipe); a worker that has not
+        exited after 5 s is terminated, then killed."""
+        if os.getpid() != self.owner_pid:
+            return
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._pending.clear()
+        for q in self._queues:
+            try:
+                q.put(None)
+            except (ValueError, OSError):
+                pass
+        for w in self._workers:
+            w.join(timeout=5)
+            if w.is_alive():
+                w.terminate()
+                w.join(timeout=2)
+            if w.is_alive():  # pragma: no cover - a worker ignoring SIGTERM
+                w.kill()
+                w.join(timeout=2)
+        self._closed = True
+        if self._collector is not None and self._collector is not threading.current_thread():
+            self._collector.join()
+        for q in self._queues + ([self._results] if self._results is not None else []):
+            q.cancel_join_thread()
+            q.close()
+        self.buffers.close()
+        with _open_lock:
+            _open.discard(self)
+
+
+def _unwrap(wrapper: Any) -> BaseException:
+    try:
+        wrapper.reraise()
+    except BaseException as e:  # noqa: BLE001
+        return e
+    return AsyncFeedError("a worker failed")  # pragma: no cover
+
+
+def _apply(p: Pipeline, b: Batch, lo: int, hi: int, out: list[tuple[int, str, Any]]) -> None:
+    """Put a task's results into ``b`` (results thread) and report its rows done."""
+    from .rowtasks import place_sample, rows_done
+    if p.stopping:
+        return
+    for row, kind, payload in out:
+        if kind == "e":
+            p._note_failure(b, row, b.indices[row], _unwrap(payload))
+        elif kind == "s":
+            try:
+                place_sample(p, b, row, payload)
+            except BaseException as e:  # noqa: BLE001
+                p._note_failure(b, row, b.indices[row], e)
+    del out, payload
+    rows_done(p, b, lo, hi)
+
+
+def rows_per_process_task(n: int, workers: int, row_cost_s: float | None) -> int:
+    """Rows per task sent to a worker: about 10 ms of work (a task costs a few
+    hundred microseconds of IPC), no more than one worker's share of a batch."""
+    workers = max(1, workers)
+    if row_cost_s is None or row_cost_s <= 0:
+        return max(1, n // (2 * workers))
+    return max(1, min(int(-(-0.01 // row_cost_s)), -(-n // workers)))
+
+
+def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
+    """Send every row of ``b`` to the worker processes.  False (nothing sent) when
+    the stage cannot take work: the caller runs the batch in threads."""
+    path = None
+    if b.mode == "ring" and b.slot is None:
+        if b.bufs is None:
+            bufs, path = stage.take(b.layout, b.n)
+            b.views = b.layout.numpy_views(bufs)
+            b.bufs = bufs
+        else:
+            path = stage.buffers.path_of(b.bufs)
+    step = rows_per_process_task(b.n, stage.num_workers,
+                                 p.tuner.row_cost_s if p.tuner is not None else None)
+    for lo in range(0, b.n, step):
+        if not stage.submit(p, b, lo, min(lo + step, b.n), path):
+            if lo == 0:
+                return False
+            # the stage broke mid-batch: the rest in threads
+            from .rowtasks import run_rows
+            for lo2 in range(lo, b.n, step):
+                if p.runtime.submit(run_rows, p, b, lo2, min(lo2 + step, b.n)) is None:
+                    p._abandon(b)
+                    return True
+            return True
+    return True
+
+
+EXECUTIONS = ("auto", "threads", "processes")
+
+
+class Execution:
+    """Where a loader's map-style samples run: its decode threads, or a process stage.
+
+    ``"threads"``: always the threads.  ``"processes"``: a process stage from the
+    first batch on.  ``"auto"``: threads, until the loader's tuner has measured
+    that the per-sample function holds the GIL (see ``Tuner.gil_bound``); the
+    stage is then started and takes every batch submitted after that.  Owned by
+    the loader; ``close()`` is idempotent and also runs when the loader is
+    garbage-collected or the interpreter exits.
+    """
+
+    def __init__(self, mode: str, dataset: Any, workers: int, context: Any,
+                 worker_init_fn: Callable[[int], None] | None, capacity: int) -> None:
+        if mode not in EXECUTIONS:
+            raise ValueError(f"execution must be one of {', '.join(EXECUTIONS)}, got {mode!r}")
+        if mode != "threads" and context is not None:
+            resolve_context(context)  # a bad start method is an error now, not mid-pass
+        self.mode = mode
+        self.dataset = dataset
+        self.workers = workers
+        self.context = context
+        self.worker_init_fn = worker_init_fn
+        self.capacity = capacity
+        self.stage: ProcessStage | None = None
+        self.reason = ""
+        self.failed: str | None = None
+        self._ran: ProcessStage | None = None
+        self._lock = threading.Lock()
+
+    def stage_for(self, base_seed: int, gil_bound: str | None) -> ProcessStage | None:
+        """The started stage batches should go to now, or None for threads."""
+        if self.mode == "threads" or self.failed is not None:
+            return None
+        if self.mode == "auto" and gil_bound is None:
+            return None
+        with self._lock:
+            if self.stage is None:
+                self.reason = ("execution='processes'" if self.mode == "processes"
+                               else gil_bound or "")
+                stage = ProcessStage(self.dataset, self.workers, self.context,
+                                     self.worker_init_fn, base_seed, self.capacity)
+                try:
+                    stage.start()
+                except Exception as e:  # noqa: BLE001 - e.g. an unpicklable dataset with spawn
+                    stage.close()
+                    if self.mode == "processes":
+                        raise AsyncFeedError(f"the process stage could not start: "
+                                             f"{type(e).__name__}: {e}") from e
+                    self.failed = f"processes could not start ({type(e).__name__}: {e})"
+                    log.warning("asyncfeed: %s; staying on threads", self.failed)
+                    return None
+                self.stage = stage
+                log.debug("asyncfeed: process stage started (%d workers): %s",
+                          self.workers, self.reason)
+        stage = self.stage
+        if not stage.usable:
+            if self.failed is None:
+                self.failed = f"processes stopped ({stage.broken})"
+            return None
+        return stage
+
+    def describe(self) -> str | None:
+        """What ran, for ``stats().execution`` (None: threads only)."""
+        stage = self.stage or self._ran
+        if stage is not None:
+            state = f"; then {self.failed}" if self.failed else ""
+            return f"processes: {stage.num_workers} workers ({self.reason}{state})"
+        if self.failed is not None:
+            return self.failed
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            stage, self.stage = self.stage, None
+        if stage is not None:
+            stage.close()
+            self._ran = stage  # describe() after close still says what ran

@@ -1,0 +1,244 @@
+"""Where samples run: threads, or the process stage (``execution=``).
+
+DataLoader is the oracle: batches are bit-identical whichever execution runs,
+including a switch from threads to processes mid-pass.  A worker that dies is
+an error naming its samples, never a hang, and nothing (no process, no
+``/dev/shm`` file) outlives the loader.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, get_worker_info
+
+from asyncfeed import AsyncLoader, SampleError, WorkerCrashedError
+from asyncfeed._engine.autotune import WINDOW_S, Tuner
+from support.oracle import MixedFixed, TupleFixed, assert_parity, assert_same_batches
+
+CONTEXTS = ["fork", "forkserver", "spawn"]
+
+
+def _shm_files() -> list[str]:
+    return glob.glob(f"/dev/shm/asyncfeed-{os.getpid()}-*")
+
+
+def _children() -> list[psutil.Process]:
+    return [c for c in psutil.Process().children(recursive=True)
+            if c.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(
+                c.cmdline()) and "resource_tracker" not in " ".join(c.cmdline())]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left():
+    before = set(_shm_files())
+    yield
+    assert set(_shm_files()) <= before, "shared-memory files outlived the loader"
+    left = [c for c in _children()]
+    assert not left, f"processes outlived the loader: {left}"
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("asyncfeed-")]
+
+
+class Shapes:
+    """Fixed shapes for the first 32 samples, another shape after (batch 16)."""
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        side = 4 if i < 32 else 3
+        return np.full((side, side), i, np.int32), i % 3
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_processes_give_dataloaders_batches_with_every_start_method(context):
+    assert_parity(TupleFixed(120), batch_size=16, shuffle=True, execution="processes",
+                  multiprocessing_context=context)
+
+
+@pytest.mark.parametrize("ds,shuffle", [(MixedFixed(45), True), (Shapes(), False)],
+                         ids=["mixed", "shapes-change"])
+def test_processes_give_dataloaders_batches_for_any_sample(ds, shuffle):
+    assert_parity(ds, batch_size=16, shuffle=shuffle, execution="processes")
+
+
+def test_rows_reach_shared_memory_not_pickles():
+    with AsyncLoader(TupleFixed(96, shape=(3, 16, 16)), batch_size=16,
+                     execution="processes") as al:
+        it = iter(al)
+        batches = [next(it) for _ in range(3)]
+        stage = al._exec.stage
+        assert stage is not None and stage.usable
+        files = _shm_files()
+        assert files, "no batch buffer lives in shared memory"
+        rest = list(it)
+        assert al.stats().execution == "processes: 2 workers (execution='processes')" \
+            or al.stats().execution.startswith("processes: ")
+    want = list(DataLoader(TupleFixed(96, shape=(3, 16, 16)), batch_size=16))
+    assert_same_batches(batches + rest, want)
+
+
+def test_switch_to_processes_mid_pass_keeps_batches_identical():
+    ds = TupleFixed(200)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    want = list(DataLoader(ds, batch_size=8, shuffle=True, generator=g2))
+    got = []
+    with AsyncLoader(ds, batch_size=8, shuffle=True, generator=g1) as al:
+        for k, batch in enumerate(al):
+            got.append(batch)
+            if k == 4:  # as the tuner does once it has measured the GIL held
+                al._tuner.gil_bound = "gil: set by the test"
+        assert al.stats().execution.startswith("processes: 2 workers (gil: set by the test")
+    assert_same_batches(got, want)
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_state_taken_under_processes_resumes_under_threads():
+    ds = TupleFixed(120)
+    want = list(DataLoader(ds, batch_size=8, shuffle=True,
+                           generator=torch.Generator().manual_seed(9)))
+    with AsyncLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(9),
+                     execution="processes") as al:
+        it = iter(al)
+        head = [next(it) for _ in range(4)]
+        state = al.state_dict()
+    with AsyncLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(9),
+                     execution="threads") as al2:
+        al2.load_state_dict(state)
+        tail = list(al2)
+    assert_same_batches(head + tail, want)
+
+
+class WorkerInfo:
+    """Samples that say which worker loaded them; worker_init_fn leaves a file."""
+
+    def __init__(self, n: int, folder: str) -> None:
+        self.n, self.folder = n, folder
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        assert info is not None and info.dataset is not None
+        return torch.tensor([info.id, info.num_workers, info.seed - info.id, os.getpid()])
+
+
+def _init(folder: str, worker_id: int) -> None:
+    with open(os.path.join(folder, f"w{worker_id}"), "w") as f:
+        f.write(str(get_worker_info().id))
+
+
+@pytest.mark.parametrize("context", ["fork"])
+def test_worker_init_fn_and_get_worker_info_as_in_dataloader(tmp_path, context):
+    import functools
+    ds = WorkerInfo(40, str(tmp_path))
+    with AsyncLoader(ds, batch_size=4, num_workers=3, execution="processes",
+                     multiprocessing_context=context,
+                     worker_init_fn=functools.partial(_init, str(tmp_path))) as al:
+        rows = torch.cat(list(al))
+    assert set(rows[:, 0].tolist()) <= {0, 1, 2}
+    assert set(rows[:, 1].tolist()) == {3}
+    assert len(set(rows[:, 2].tolist())) == 1          # seed = base_seed + worker id
+    assert os.getpid() not in set(rows[:, 3].tolist())
+    assert sorted(os.listdir(tmp_path)) == ["w0", "w1", "w2"]
+    assert (tmp_path / "w2").read_text() == "2"
+    assert get_worker_info() is None                    # not in the loader's process
+
+
+class Dies:
+    """Sample ``bad`` kills its worker: ``how`` is "exit" (os._exit) or "segv"."""
+
+    def __init__(self, n: int, bad: int, how: str) -> None:
+        self.n, self.bad, self.how = n, bad, how
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.bad:
+            if self.how == "exit":
+                os._exit(3)
+            import ctypes
+            ctypes.string_at(0)  # a segfault
+        return torch.full((4,), i)
+
+
+@pytest.mark.parametrize("how,why", [("exit", "exited with code 3"),
+                                     ("segv", "killed by signal SIGSEGV")])
+def test_a_dead_worker_is_an_error_naming_its_samples(how, why):
+    with AsyncLoader(Dies(64, 21, how), batch_size=8, execution="processes") as al:
+        with pytest.raises(SampleError) as e:
+            list(al)
+    cause = e.value.__cause__
+    assert isinstance(cause, WorkerCrashedError)
+    assert why in str(cause) and "21" in str(cause)
+
+
+class Raises:
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, i: int):
+        if i == 13:
+            raise KeyError(f"no label for {i}")
+        return torch.zeros(2)
+
+
+def test_an_exception_in_a_worker_keeps_its_type_and_traceback():
+    with AsyncLoader(Raises(), batch_size=5, execution="processes") as al:
+        with pytest.raises(SampleError) as e:
+            list(al)
+    assert e.value.index == 13
+    assert isinstance(e.value.__cause__, KeyError)
+    assert "in worker process" in str(e.value.__cause__)
+
+
+def test_bad_arguments_are_errors_at_construction():
+    with pytest.raises(ValueError, match="execution"):
+        AsyncLoader(TupleFixed(4), execution="gpu")
+    with pytest.raises(ValueError, match="multiprocessing_context"):
+        AsyncLoader(TupleFixed(4), execution="processes", multiprocessing_context="nope")
+
+
+def test_threads_never_start_processes():
+    with AsyncLoader(TupleFixed(40), batch_size=8, execution="threads") as al:
+        al._tuner.gil_bound = "gil: set by the test"
+        list(al)
+        assert al._exec.stage is None and al.stats().execution.startswith("threads")
+
+
+def _windows(t: Tuner, rate_at, busy_at, n: int, row_s: float) -> None:
+    clock = 0.0
+    for _ in range(n):
+        k = t.limit
+        for _ in range(4):
+            dt = WINDOW_S / 4 * 1.01
+            clock += dt
+            rows = max(1, int(rate_at(k) * dt))
+            t.row_cost_s = row_s
+            t.record(rows, dt, busy_at(k) * dt, now=clock)
+
+
+def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():
+    gil = Tuner(size=4, cores=2, adaptive=True)
+    gil.gate_for_pass()
+    _windows(gil, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
+    assert gil.gil_bound is not None and gil.gil_bound.startswith("gil: ")
+    io = Tuner(size=4, cores=2, adaptive=True)   # waits on I/O: fewer threads do less
+    io.gate_for_pass()
+    _windows(io, lambda k: 100.0 * k, lambda k: 0.05 * k, 20, row_s=4e-3)
+    assert io.gil_bound is None
+    tiny = Tuner(size=4, cores=2, adaptive=True)  # GIL-bound but too cheap for a process hop
+    tiny.gate_for_pass()
+    _windows(tiny, lambda k: 30_000.0, lambda k: 1.0, 20, row_s=3e-5)
+    assert tiny.gil_bound is None
