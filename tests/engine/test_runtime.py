@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -21,9 +23,18 @@ def test_openmp_runtime_is_found_when_torch_uses_it():
 @pytest.mark.skipif(not openmp, reason="torch does not parallelise with OpenMP here")
 def test_decode_threads_run_torch_ops_single_threaded_and_nothing_else_changes():
     before = torch.get_num_threads()
+    seen: list[int] = []
+    done = threading.Semaphore(0)
+
+    def probe() -> None:
+        seen.append(torch.get_num_threads())
+        done.release()
     with Runtime(2, with_loop=False) as rt:
-        counts = {rt.submit(torch.get_num_threads).result() for _ in range(8)}
-    assert counts == {1}
+        for _ in range(8):
+            rt.submit(probe)
+        for _ in range(8):
+            assert done.acquire(timeout=10)
+    assert len(seen) == 8 and set(seen) == {1}
     assert torch.get_num_threads() == before, "the caller's thread count must not change"
 
 

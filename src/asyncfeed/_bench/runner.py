@@ -129,13 +129,13 @@ class Bench:
         if "f" in w:
             cfgs = self._sweep("f", "cifar", ["dataloader", "asyncfeed"], workers=s.workers,
                                threads=s.threads)
-            if self._has("torchdata"):
+            if self._has("torchdata") and not s.quick:
                 cfgs.append(Config("f", "torchdata", s.cores, dataset="cifar"))
             self.configs["f"] = cfgs
         if "g" in w:
             cfgs = self._limits("g", "pil") + self._sweep(
                 "g", "pil", ["dataloader", "asyncfeed"], workers=s.workers, threads=s.threads)
-            if self._has("torchdata"):
+            if self._has("torchdata") and not s.quick:
                 cfgs.append(Config("g", "torchdata", s.cores, dataset="pil"))
             self.configs["g"] = cfgs
         if "ceiling" in w:

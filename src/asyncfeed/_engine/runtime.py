@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .taskpool import TaskPool
+
 
 def _find_omp_set_num_threads() -> Callable[[int], None] | None:
     """The loaded OpenMP runtime's ``omp_set_num_threads``, when torch parallelises
@@ -98,9 +100,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._closed = False
         self.num_threads = num_threads
-        self.pool = cf.ThreadPoolExecutor(num_threads, thread_name_prefix="asyncfeed-decode",
-                                          initializer=one_intraop_thread)
-        self._start_decode_threads(num_threads)
+        # every decode thread starts now, while nothing else wants the GIL (started
+        # while others decode, each start waits for the GIL: 10-20 ms to first batch)
+        self.pool = TaskPool(num_threads, "asyncfeed-decode", initializer=one_intraop_thread)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._io_pool: cf.ThreadPoolExecutor | None = None
@@ -120,21 +122,6 @@ class Runtime:
             started.wait()
         with _open_lock:
             _open.add(self)
-
-    def _start_decode_threads(self, n: int) -> None:
-        """Start every decode thread now, while nothing else wants the GIL.
-
-        The pool would start them one per submit; started while the first
-        ones already decode, each start waits for the GIL (up to the 5 ms
-        switch interval), which cost 10-20 ms of time to first batch.
-        """
-        started = threading.Barrier(n + 1)
-        for _ in range(n):
-            self.pool.submit(started.wait, 5.0)
-        try:
-            started.wait(5.0)
-        except threading.BrokenBarrierError:  # pragma: no cover - a thread failed to start
-            pass
 
     @property
     def closed(self) -> bool:
@@ -171,8 +158,9 @@ class Runtime:
                 pass
         await loop.shutdown_asyncgens()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future | None:
-        """Run ``fn(*args)`` on the decode pool; None once the runtime is closing."""
+    def submit(self, fn: Callable[..., Any], *args: Any) -> bool | None:
+        """Run ``fn(*args)`` on the decode pool (its result and exceptions are not
+        kept: tasks report to their batch themselves); None once the runtime is closing."""
         try:
             return self.pool.submit(fn, *args)
         except RuntimeError:  # "cannot schedule new futures after shutdown"

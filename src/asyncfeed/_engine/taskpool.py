@@ -1,0 +1,86 @@
+"""The decode threads: a minimal pool without futures.
+
+``concurrent.futures.ThreadPoolExecutor`` spends about 10 us of Python per task
+holding the GIL (a ``Future`` with its own condition variable, a work item,
+two semaphore operations).  The pipeline never looks at a task's result (every
+task reports to its batch itself), so this pool keeps only what it needs: a
+``queue.SimpleQueue`` (a C queue: ``put`` and a blocked ``get`` cost about a
+microsecond) of ``(fn, args)`` tuples and ``n`` named threads started up front.
+With a hundred threads each waiting on I/O, that overhead is what bounds one
+process's rate (the "ceiling" bench workload).
+
+``shutdown`` matches the executor's: ``cancel_futures`` drops queued tasks,
+``wait`` joins the threads (a task already running is finished first).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("asyncfeed")
+
+_STOP = None
+
+
+class TaskPool:
+    """``n`` threads named ``{prefix}_{i}`` (non-daemon) running submitted calls."""
+
+    def __init__(self, n: int, thread_name_prefix: str,
+                 initializer: Callable[[], None] | None = None) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._shutdown = False
+        self._initializer = initializer
+        self._threads = [threading.Thread(target=self._work, name=f"{thread_name_prefix}_{i}",
+                                          daemon=False) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _work(self) -> None:
+        if self._initializer is not None:
+            try:
+                self._initializer()
+            except Exception:  # noqa: BLE001 - an optimisation, never a reason to fail
+                log.debug("asyncfeed: decode thread initializer failed", exc_info=True)
+        get = self._q.get
+        while True:
+            item = get()
+            if item is _STOP:
+                self._q.put(_STOP)  # wake the next thread too
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - tasks report their own errors
+                log.exception("asyncfeed: a decode task raised")
+            del item, fn, args
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Queue ``fn(*args)``; raises RuntimeError after ``shutdown`` (as the executor)."""
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        self._q.put((fn, args))
+        return True
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        with self._lock:
+            first = not self._shutdown
+            self._shutdown = True
+        if first:
+            if cancel_futures:
+                while True:
+                    try:
+                        self._q.get_nowait()
+                    except queue.Empty:
+                        break
+            self._q.put(_STOP)
+        if wait:
+            me = threading.current_thread()
+            for t in self._threads:
+                if t is not me:
+                    t.join()
