@@ -594,7 +594,7 @@ def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
     path = None
     if b.mode == "ring" and b.slot is None:
         if b.bufs is None:
-            bufs, path = stage.take(b.layout, b.n)
+            bufs, path = stage.take(b.layout, max(b.n, p.batch_size or b.n))
             b.views = b.layout.numpy_views(bufs)
             b.bufs = bufs
         else:
