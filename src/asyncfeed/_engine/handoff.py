@@ -100,30 +100,34 @@ class BatchHandoff:
         self.taken = 0              # batches handed to the consumer
         self.state = PassState.RUNNING
         self.close_reason: str | None = None
+        # views of ``state``, kept as plain attributes for the per-row checks of the
+        # decode loops (a property costs ~0.2 us a read); only _set_state writes them
+        self.exhausted = False      # no new batch will start: the plan ran out, or ended
+        self.stopping = False       # the pass is over: queued work is dropped, not done
         self.sizes: list[int] = []  # planned size of every submitted batch (map-style)
         self._tracked: dict[int, Batch] = {}   # submitted, not yet ready
 
     # ---------------------------------------------------------------- lifecycle
-    @property
-    def exhausted(self) -> bool:
-        """No new batch will be started (the plan is exhausted, or the pass ended)."""
-        return self.state is not PassState.RUNNING
-
-    @property
-    def stopping(self) -> bool:
-        """The pass is over: work still queued is dropped, not done."""
-        return self.state in _ENDED
+    def _set_state(self, state: PassState) -> None:
+        """Move to ``state`` (call with ``cond`` held): forward only, and keep
+        ``exhausted``/``stopping`` in step."""
+        if self.state in _ENDED or state is self.state:
+            return
+        if state is PassState.RUNNING or (state is PassState.DRAINING
+                                          and self.state is not PassState.RUNNING):
+            raise RuntimeError(f"a pass cannot go from {self.state.name} to {state.name}")
+        self.state = state
+        self.exhausted = True
+        self.stopping = state in _ENDED
 
     def _plan_exhausted(self) -> None:
         """The plan has no more batches (call with ``cond`` held, then notify)."""
-        if self.state is PassState.RUNNING:
-            self.state = PassState.DRAINING
+        self._set_state(PassState.DRAINING)
 
     def finish(self) -> None:
         """The consumer got every batch. Idempotent; a closed pass stays closed."""
         with self.cond:
-            if self.state not in _ENDED:
-                self.state = PassState.FINISHED
+            self._set_state(PassState.FINISHED)
             self.cond.notify_all()
         self._ended()
 
@@ -132,8 +136,8 @@ class BatchHandoff:
         work is dropped.  Idempotent; a finished pass stays finished."""
         with self.cond:
             if self.state not in _ENDED:
-                self.state = PassState.CLOSED
                 self.close_reason = reason
+            self._set_state(PassState.CLOSED)
             self.cond.notify_all()
         self._ended()
 
