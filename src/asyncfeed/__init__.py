@@ -17,6 +17,7 @@ from ._data.folder import IMG_EXTENSIONS, ImageFolder
 from ._data.image import decode_image
 from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
 from ._engine.loader import AsyncLoader
+from ._engine.accounting import StageStats
 from ._engine.stats import IOStats, LoaderStats, SkippedSample
 from ._errors import (AsyncFeedError, LoaderClosedError, LoaderTimeout, RemoteReadError,
                       RemoteTimeoutError, SampleError, StateError, WorkerCrashedError)
@@ -51,6 +52,7 @@ __all__ = [
     "SampleError",
     "SkippedSample",
     "Source",
+    "StageStats",
     "StateError",
     "WebDatasetShards",
     "WorkerCrashedError",

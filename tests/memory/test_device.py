@@ -364,9 +364,11 @@ def test_copy_stream_copies_every_tensor_non_blocking_then_records(fake_cuda):
     assert isinstance(out, tuple) and out[2] == batch[2]
     assert [nb for _, nb in fake_cuda["copies"]] == [True, True]
     kinds = [k for k, *_ in FakeCudaEvent.log]
-    assert kinds == ["copy", "copy", "record"], "the event must follow the batch's copies"
+    # bracketed by timing events for the stage accounting (stats().stages["h2d"])
+    assert kinds == ["record", "copy", "copy", "record"], \
+        "the event must follow the batch's copies"
     assert FakeCudaEvent.log[-1][1] is ev and FakeCudaEvent.log[-1][2] is cs.stream
-    assert not ev.enable_timing and len(cs.timings) == 0
+    assert ev.enable_timing and len(cs.timings) == 0
 
 
 def test_copy_stream_timing_brackets_only_the_copies(fake_cuda):

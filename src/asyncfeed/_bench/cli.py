@@ -3,6 +3,9 @@
 ``asyncfeed bench`` measures asyncfeed against torch's DataLoader, torchdata.nodes
 and SPDL on the built-in synthetic JPEG set (or ``--data DIR``), prints a table,
 and writes a PNG (``--plot``) and, with ``--json``, every raw figure.
+
+``asyncfeed profile [DATA]`` runs a short pass of a data set through AsyncLoader
+and DataLoader and says where the time goes (``_bench/profile.py``).
 """
 
 from __future__ import annotations
@@ -129,7 +132,79 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a single run is killed and reported as failed")
     b.add_argument("--seed", type=int, default=0)
+    _profile_parser(sub)
     return p
+
+
+def _profile_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile", help="where the loading time goes: stages, GIL share, bottleneck, advice",
+        description="Run a short pass of DATA through AsyncLoader and through DataLoader "
+                    "(num_workers = cores) and print side by side: samples/s, the stage "
+                    "breakdown, the GIL share, the bottleneck and what to do about it "
+                    "(docs/observability.md).")
+    p.add_argument("data", nargs="?", default=None, metavar="DATA",
+                   help="an ImageFolder tree (root/<class>/<image>), or module:factory "
+                        "(a callable returning a data set); none: the synthetic JPEG set")
+    p.add_argument("--synthetic", action="store_true",
+                   help="use the built-in synthetic JPEG set (the default without DATA)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="seconds each loader runs after its first batch (10)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--size", type=int, default=224, help="ImageFolder output side (224)")
+    p.add_argument("--images", type=int, default=512,
+                   help="size of the synthetic set (512)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="AsyncLoader num_threads (default: its own)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader num_workers (default: the cores)")
+    p.add_argument("--no-dataloader", action="store_true", help="profile AsyncLoader only")
+    p.add_argument("--model-ms", type=float, default=0.0,
+                   help="a synthetic training step per batch, in ms (a sleep on the CPU, "
+                        "a matmul loop on a GPU, where pynvml samples utilisation)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the raw figures as JSON to PATH (no PATH: to stdout, "
+                        "instead of the table)")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write a PNG of the stage breakdown over time")
+    p.add_argument("--cache", metavar="DIR",
+                   help="where the synthetic set is generated (default $ASYNCFEED_CACHE or "
+                        "~/.cache/asyncfeed)")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    import json
+
+    from . import profile as _profile
+    if args.synthetic and args.data:
+        print("asyncfeed profile: give DATA or --synthetic, not both", file=sys.stderr)
+        return 2
+    if args.seconds <= 0 or args.batch_size < 1:
+        print("asyncfeed profile: --seconds and --batch-size must be positive",
+              file=sys.stderr)
+        return 2
+    try:
+        result = _profile.profile(
+            args.data, seconds=args.seconds, batch_size=args.batch_size, size=args.size,
+            images=args.images, threads=args.threads, workers=args.workers,
+            model_ms=args.model_ms, dataloader=not args.no_dataloader, cache=args.cache)
+    except (FileNotFoundError, ValueError, ImportError, AttributeError) as e:
+        print(f"asyncfeed profile: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        _profile.write_plot(result, args.plot)
+    if args.json == "-":
+        print(json.dumps(result, indent=1))
+    else:
+        print(_profile.render(result))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+            print(f"\nJSON: {os.path.abspath(args.json)}")
+    if args.plot:
+        print(f"plot: {os.path.abspath(args.plot)}", file=sys.stderr if args.json == "-"
+              else sys.stdout)
+    return 0
 
 
 def _cores() -> int:
@@ -289,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .. import __version__
         print(__version__)
         return 0
+    if args.command == "profile":
+        return run_profile(args)
     if args.command != "bench":
         parser.print_help()
         return 2

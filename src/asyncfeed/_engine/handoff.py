@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._errors import LoaderClosedError, LoaderTimeout
 from .._memory.device import pin
 from ..protocols import DeviceTransfer
+from .accounting import QUEUE, Accounting
 from .layout import Layout
 from .runtime import Runtime
 
@@ -106,6 +107,8 @@ class BatchHandoff:
         self.stopping = False       # the pass is over: queued work is dropped, not done
         self.sizes: list[int] = []  # planned size of every submitted batch (map-style)
         self._tracked: dict[int, Batch] = {}   # submitted, not yet ready
+        # where the pass's time goes (stats()); the pass sets acct.resources
+        self.acct = Accounting()
 
     # ---------------------------------------------------------------- lifecycle
     def _set_state(self, state: PassState) -> None:
@@ -159,9 +162,9 @@ class BatchHandoff:
             while True:
                 if k is not None:
                     if k in self.ready:
-                        return self.ready.pop(k)
+                        return self._queued(self.ready.pop(k))
                 elif self.ready:
-                    return self.ready.pop(min(self.ready))
+                    return self._queued(self.ready.pop(min(self.ready)))
                 if self.stopping:
                     raise LoaderClosedError("the loader was closed while waiting for a batch")
                 if self.taken >= self.submitted and self.exhausted:
@@ -170,6 +173,10 @@ class BatchHandoff:
                 if remaining is not None and remaining <= 0:
                     raise LoaderTimeout(self._timeout_message(k, timeout))
                 self.cond.wait(remaining if remaining is not None else 1.0)
+
+    def _queued(self, b: Batch) -> Batch:
+        self.acct.add_wall(QUEUE, time.perf_counter() - b.t_ready)
+        return b
 
     def _timeout_message(self, k: int | None, timeout: float | None) -> str:
         """DataLoader's "timed out after N seconds", naming the samples still pending."""
@@ -200,6 +207,7 @@ class BatchHandoff:
 
     # ------------------------------------------------------------------ workers
     def _mark_ready(self, b: Batch) -> None:
+        b.t_ready = time.perf_counter()
         with self.cond:
             self._tracked.pop(b.k, None)
             self.ready[b.k] = b

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..protocols import DeviceTransfer
+from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
 from .capabilities import Capabilities
 from .handoff import BatchHandoff, PassConfig
 from .pipeline import Batch
@@ -100,6 +101,14 @@ class IterablePipeline(BatchHandoff):
             return iter(caps.iter_raw()) if caps.iter_raw is not None else iter(dataset)
         self.stream = stream
         self.it, start = stream.open(make) if stream is not None else (make(), 0)
+        # one thread pulls at a time: pulling is a resource of capacity 1, and it is
+        # the read ("fetch") when the dataset splits its work, else all of it ("decode")
+        self.pull_stage = FETCH if self.decode_fn is not None else DECODE
+        self.acct.resources = (
+            Resource("iterator", (self.pull_stage,), 1),
+            Resource("threads", (DECODE, ASSEMBLE) if self.decode_fn is not None
+                     else (ASSEMBLE,), runtime.num_threads),
+        ) + ((Resource("copy", (H2D,), 1),) if copy is not None else ())
         self.drop_last = config.drop_last
         self.skip = config.skip
         self.size = config.batch_size or 1
@@ -167,6 +176,8 @@ class IterablePipeline(BatchHandoff):
         c = _Chunk(self.pulled, self.position)
         self.pulled += 1
         it = self.it
+        acct, stage = self.acct, self.pull_stage
+        t = acct.begin()
         while len(c.items) < self.size:
             try:
                 item = next(it)
@@ -179,6 +190,7 @@ class IterablePipeline(BatchHandoff):
             else:
                 c.items.append(item)
                 c.errors.append(None)
+            t = acct.end(stage, t)
         self.position += len(c.items)
         if c.last:
             with self.cond:
@@ -206,11 +218,13 @@ class IterablePipeline(BatchHandoff):
     def _decode_row(self, c: _Chunk, row: int) -> None:
         if self.stopping:
             return
+        t = self.acct.begin()
         try:
             c.items[row] = self.decode_fn(c.items[row], c.start + row)  # type: ignore[misc]
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             c.items[row] = None
             c.errors[row] = e
+        self.acct.end(DECODE, t)
         with self._count_lock:
             c.pending -= 1
             done = c.pending == 0
@@ -300,6 +314,7 @@ class IterablePipeline(BatchHandoff):
         self._errors_in_row = 0
 
     def _finish_batch(self, b: Batch, collate: bool) -> None:
+        t = self.acct.begin()
         try:
             if collate:
                 failed = {r for r, _, _ in b.failures}
@@ -310,4 +325,5 @@ class IterablePipeline(BatchHandoff):
                 b.samples = [None] * b.n  # the batch holds the data now
         except BaseException as e:  # noqa: BLE001
             b.error = e
+        self.acct.end(ASSEMBLE, t)
         self._mark_ready(b)

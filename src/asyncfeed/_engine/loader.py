@@ -27,11 +27,13 @@ from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
 from .runtime import Runtime
 from .._memory.slots import SlotRing
+from .accounting import Accounting
+from .progress import LiveView
 from .readahead import ReadAheadStats
 from .._io.hedge import CountsReads
 from .state import FORMAT as STATE_FORMAT, VERSION as STATE_VERSION, LoaderState, PassProgress
 from ..protocols import DeviceTransfer
-from .stats import IOStats, LoaderStats, RateLimitedLog, SkippedSample
+from .stats import IOStats, LoaderStats, RateLimitedLog, SkippedSample, observe
 from .stream import StreamTracker, has_state
 
 OnError = Literal["raise", "skip"]
@@ -155,8 +157,13 @@ class AsyncLoader(Generic[T_co]):
       ``torch.distributed`` when initialised, else the ``RANK``/``WORLD_SIZE``
       environment, else the whole data set).  Each rank gets exactly the samples
       ``DistributedSampler(seed=seed or 0, drop_last=drop_last)`` gives it.
+    - ``progress``: a tqdm bar per pass with samples/s and the bottleneck (needs
+      ``tqdm``: ``pip install 'asyncfeed[progress]'``); ``log_every``: seconds
+      between ``logging`` lines (logger ``"asyncfeed"``, INFO) with the rate,
+      stage shares and bottleneck.  Both off by default (``docs/observability.md``).
 
-    ``state_dict()``/``load_state_dict()`` resume mid-epoch exactly (see
+    ``stats()`` says where the time goes (stages, GIL share, bottleneck,
+    ``explain()``).  ``state_dict()``/``load_state_dict()`` resume mid-epoch exactly (see
     ``docs/distributed.md``), also after a ``break`` (the position of the last
     pass is kept until the next ``iter()``), and they carry the dataset's and the
     sampler's own ``state_dict()`` when they have one.  An ``IterableDataset`` is
@@ -187,7 +194,8 @@ class AsyncLoader(Generic[T_co]):
                  rank: int | None = None, world_size: int | None = None,
                  readahead_bytes: int | None = None,
                  copy_stream: DeviceTransfer | None = None,
-                 execution: str = "auto") -> None:
+                 execution: str = "auto",
+                 progress: bool = False, log_every: float | None = None) -> None:
         validate(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
@@ -204,6 +212,9 @@ class AsyncLoader(Generic[T_co]):
             raise ValueError(f"readahead_bytes must be None or an int >= 0, "
                              f"got {readahead_bytes!r}")
         self.readahead_bytes = readahead_bytes
+        if log_every is not None and not (isinstance(log_every, (int, float))
+                                          and log_every > 0):
+            raise ValueError(f"log_every must be a positive number of seconds, got {log_every!r}")
         if seed is not None and not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if copy_stream is not None and not isinstance(copy_stream, DeviceTransfer):
@@ -232,6 +243,11 @@ class AsyncLoader(Generic[T_co]):
         self.on_error: OnError = on_error
         self.seed = seed
         self.io_concurrency = io_concurrency
+        self.progress = bool(progress)
+        if self.progress:  # fail here, not at iter(), when tqdm is missing
+            from .._optional import require
+            require("tqdm", "AsyncLoader(progress=True)")
+        self.log_every = log_every
         self.num_threads = num_threads or default_threads()
         # how many of the threads run: adapted by measurement unless num_threads is given
         self._tuner = Tuner(self.num_threads, available_cores(), adaptive=num_threads is None)
@@ -269,6 +285,7 @@ class AsyncLoader(Generic[T_co]):
         self._epoch = 0
         self._stats = LoaderStats()
         self._readahead_stats: ReadAheadStats | None = None
+        self._acct: Accounting | None = None   # the current or last pass's
         self._skip_log = RateLimitedLog()
         self._closed = False
         self._current: weakref.ref[_Iterator] | None = None
@@ -346,7 +363,7 @@ class AsyncLoader(Generic[T_co]):
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
                            path=s.path, skipped=list(s.skipped),
                            execution=self._exec.describe() or self._tuner.describe(),
-                           io=self._io_stats())
+                           io=self._io_stats(), **observe(self._acct, available_cores()))
 
     def _io_stats(self) -> IOStats | None:
         if not self._use_fetch:
@@ -378,12 +395,18 @@ class AsyncLoader(Generic[T_co]):
         except BaseException:
             runtime.close()
             raise
+        self._acct = pipeline.acct
         if runtime.loop is not None:
             # the loop holds its tasks weakly; the loop thread drops this when it ends
             # (set only when needed: pipeline -> runtime -> pipeline is a cycle)
             runtime.keepalive = pipeline
         self._last = progress
         it = _Iterator(self, pipeline, runtime, progress)
+        pipeline.acct.start()  # stopped with the pass (its close or finalizer)
+        if self.progress or self.log_every:
+            it._view = LiveView(pipeline.acct, available_cores(), progress=self.progress,
+                                log_every=self.log_every, total=self._len_or_none(),
+                                epoch=self._epoch)
         self._current = weakref.ref(it)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_current, [self._current])
@@ -418,6 +441,7 @@ class AsyncLoader(Generic[T_co]):
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
         pipeline.tuner = self._tuner
         pipeline.gate = self._tuner.gate_for_pass()
+        pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
         if self.execution != "threads" and not self._use_fetch:
             ex, tuner = self._exec, self._tuner
             base_seed = getattr(self._plan, "base_seed", None)
@@ -586,6 +610,12 @@ class AsyncLoader(Generic[T_co]):
                              "with on_error='raise': with skipping, ranks consume different "
                              "numbers of samples, so no one state says where the epoch stands")
 
+    def _len_or_none(self) -> int | None:
+        try:
+            return len(self)
+        except TypeError:
+            return None
+
     def _dataset_len(self) -> int | None:
         try:
             return len(self.dataset)
@@ -679,6 +709,7 @@ def _shutdown_and_rewind(pipeline: BatchHandoff, runtime: Runtime, loader_ref: A
                          progress: PassProgress) -> None:
     """Finalizer of a dropped iterator: stop its threads without waiting (any thread
     may run it) and rewind a user's generator as the pass was cut short."""
+    pipeline.acct.stop(wait=False)
     pipeline.stop("the iterator was dropped")
     runtime.close(wait=False)
     loader = loader_ref()
@@ -719,6 +750,7 @@ class _Iterator:
         self._carry: list[tuple[Any, Any]] = []
         self._emitted = 0
         self._last_n = 0                     # samples in the batch just handed out
+        self._view: LiveView | None = None   # progress bar / log lines
         self._finalizer = weakref.finalize(self, _shutdown_and_rewind, pipeline, runtime,
                                            weakref.ref(loader), progress)
         if progress.carry:
@@ -772,7 +804,11 @@ class _Iterator:
                 self._close(None)
                 raise
             finally:
-                self._loader._stats.wait_s += time.perf_counter() - t0
+                waited = time.perf_counter() - t0
+                self._loader._stats.wait_s += waited
+            self._p.acct.took(waited, self._last_n)
+            if self._view is not None:
+                self._view.tick()
             st = self._loader._stats
             st.batches += 1
             st.samples += self._last_n
@@ -891,6 +927,9 @@ class _Iterator:
     # ---------------------------------------------------------------- closing
     def _close(self, reason: str | None) -> None:
         """Stop this pass and join its threads (``reason`` None: it simply ended)."""
+        self._p.acct.stop()
+        if self._view is not None:
+            self._view.close()
         if reason is None:
             self._p.finish()
         else:

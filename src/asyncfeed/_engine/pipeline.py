@@ -22,14 +22,18 @@ batches to the consumer, and the pass's lifecycle, are :class:`~.handoff.BatchHa
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import LoaderClosedError, SampleError, is_fatal, rebuild_error
+from .._memory.device import CopyStream
 from .._memory.slots import Slot
 from ..protocols import DeviceTransfer, NamedSamples
 from . import processes, rowtasks
+from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
 from .autotune import Gate, Tuner, rows_per_task
 from .capabilities import Capabilities
 from .handoff import BatchHandoff, BatchMemory, PassConfig
@@ -69,7 +73,7 @@ class Batch:
 
     __slots__ = ("k", "indices", "n", "mode", "bufs", "slot", "samples", "remaining",
                  "done", "failures", "error", "output", "event", "good_samples_host",
-                 "mismatch", "layout", "views")
+                 "mismatch", "layout", "views", "t_ready")
 
     def __init__(self, k: int, indices: list[Any], mode: str) -> None:
         self.k = k
@@ -90,6 +94,7 @@ class Batch:
         self.mismatch = False
         self.layout: Layout | None = None
         self.views: list[Any] | None = None   # NumPy views of bufs, for write_row
+        self.t_ready = 0.0                    # perf_counter() when it became ready
 
     def pending(self) -> list[Any]:
         return [i for r, i in enumerate(self.indices) if not self.done[r]]
@@ -131,6 +136,21 @@ class Pipeline(BatchHandoff):
         # set by the loader: the process stage batches should go to now (None: threads)
         self.stage_for: Callable[[], Any] | None = None
         self.stage: Any = None   # the process stage this pass used
+        self.acct.resources = self._resources()
+        if isinstance(copy, CopyStream):  # (tests drive the ring with stand-ins)
+            self.acct.h2d_source = copy.drain_timings
+        if self.readahead is not None:  # reads run there, not in _fetch_one
+            self.readahead.on_read = functools.partial(self.acct.add_wall, FETCH)
+
+    def _resources(self) -> tuple[Resource, ...]:
+        """Which stages share which capacity (for the accounting's verdict)."""
+        threads = self.runtime.num_threads
+        if self.use_fetch:
+            res = (Resource("io", (FETCH,), self.io_concurrency),
+                   Resource("threads", (DECODE, ASSEMBLE), threads))
+        else:
+            res = (Resource("threads", (FETCH, DECODE, ASSEMBLE), threads),)
+        return res + ((Resource("copy", (H2D,), 1),) if self.copy is not None else ())
 
     # ------------------------------------------------------------------ consumer
     def _ahead(self) -> int:
@@ -270,6 +290,7 @@ class Pipeline(BatchHandoff):
     async def _fetch_one(self, b: Batch, row: int, idx: Any) -> None:
         if self.stopping:
             return
+        t0 = time.perf_counter()
         try:
             raw = await self.caps.fetch(idx)  # type: ignore[misc]
         except asyncio.CancelledError:
@@ -277,6 +298,7 @@ class Pipeline(BatchHandoff):
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
             self._note_failure(b, row, idx, e)
         else:
+            self.acct.add_wall(FETCH, time.perf_counter() - t0)
             self._raw_ready(b, row, idx, raw)
             return
         self._one_done(b, row)  # outside the handler (see _run_sample)
@@ -302,13 +324,21 @@ class Pipeline(BatchHandoff):
         out = None
         if b.mode == "ring" and caps.decode_into is not None:
             out = b.layout.row_out(self._rows_of(b), row)
+        acct = self.acct
+        t = acct.begin()
         if raw is _NO_RAW:
             if caps.read is None:
-                return self.dataset[idx]
+                sample = self.dataset[idx]
+                acct.end(DECODE, t)
+                return sample
             raw = caps.read(idx)
+            t = acct.end(FETCH, t)
         if out is not None:
-            return caps.decode_into(raw, idx, out)  # type: ignore[misc]
-        return caps.decode(raw, idx)  # type: ignore[misc]
+            sample = caps.decode_into(raw, idx, out)  # type: ignore[misc]
+        else:
+            sample = caps.decode(raw, idx)  # type: ignore[misc]
+        acct.end(DECODE, t)
+        return sample
 
     def _run_sample(self, b: Batch, row: int, idx: Any, raw: Any) -> None:
         if self.stopping:
@@ -329,12 +359,14 @@ class Pipeline(BatchHandoff):
         del raw
         if b.mode == "ring":
             b.samples[row] = sample   # kept in case the batch must be collated instead
+            t = self.acct.begin()
             try:
                 b.layout.write_row(self._rows_of(b), row, sample, b.views)
             except LayoutMismatch:
                 # shapes vary: collate this batch like DataLoader, and stop using rows
                 b.mismatch = True
                 self.layouts.give_up()
+            self.acct.end(ASSEMBLE, t, 0)  # counted per batch, in _finish
         else:
             b.samples[row] = sample
             if not self.layouts.decided:
@@ -365,16 +397,19 @@ class Pipeline(BatchHandoff):
     def _run_getitems(self, b: Batch) -> None:
         if self.stopping:
             return
+        t = self.acct.begin()
         try:
             b.samples = self.caps.getitems(b.indices)  # type: ignore[misc]  # handed to collate_fn as is
         except BaseException as e:  # noqa: BLE001
             b.error = e
+        self.acct.end(DECODE, t, b.n)
         b.done[:] = b"\x01" * b.n
         b.remaining = 0
         self._finish(b)
 
     def _finish(self, b: Batch) -> None:
         """Assemble the batch and start its copy (in the thread that completed it)."""
+        t = self.acct.begin()
         try:
             if b.n == 0:
                 pass  # a batch a resumed checkpoint had already taken
@@ -388,6 +423,8 @@ class Pipeline(BatchHandoff):
                 b.output, b.event = self.to_target(host)
         except BaseException as e:  # noqa: BLE001
             b.error = e
+        if b.n:
+            self.acct.end(ASSEMBLE, t)
         self._mark_ready(b)
 
     def _collate_late(self, b: Batch) -> Any:

@@ -42,6 +42,7 @@ import random
 import signal
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ import numpy as np
 import torch
 
 from .._errors import AsyncFeedError, WorkerCrashedError
+from .accounting import DECODE
 from .layout import _PY_SCALARS, Layout, LayoutMismatch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -381,7 +383,7 @@ class ProcessStage:
         self._collector: threading.Thread | None = None
         self._ids = itertools.count()
         # task id -> (pipeline, batch, lo, hi, worker)
-        self._pending: dict[int, tuple[Any, Any, int, int, int]] = {}
+        self._pending: dict[int, tuple[Any, Any, int, int, int, float]] = {}  # + sent at
         self._load = [0] * self.num_workers     # rows outstanding per worker
         self._forget: list[str] = []
         self._dead: set[int] = set()
@@ -429,7 +431,7 @@ class ProcessStage:
             alive = [w for w in range(self.num_workers) if w not in self._dead]
             wid = min(alive, key=self._load.__getitem__)
             tid = next(self._ids)
-            self._pending[tid] = (p, b, lo, hi, wid)
+            self._pending[tid] = (p, b, lo, hi, wid, time.perf_counter())
             self._load[wid] += hi - lo
             forget, self._forget = self._forget, []
         layout = b.layout if path is not None else None
@@ -465,7 +467,9 @@ class ProcessStage:
                     self._load[entry[4]] -= entry[3] - entry[2]
             if entry is None:
                 continue
-            p, b, lo, hi, _ = entry
+            p, b, lo, hi, _, sent = entry
+            # stage accounting: a task's rows, from sending to results (decode in a worker)
+            p.acct.add_wall(DECODE, time.perf_counter() - sent, hi - lo)
             _apply(p, b, lo, hi, out)
             del p, b, entry, out, msg
 
@@ -498,7 +502,7 @@ class ProcessStage:
                 f"{samples[:16]}{'...' if len(samples) > 16 else ''}; the loader stopped "
                 "using processes for the rest of its life")
         log.warning("asyncfeed: %s", error)
-        for _, (p, b, lo, hi, _) in held:
+        for _, (p, b, lo, hi, *_) in held:
             for row in range(lo, hi):
                 p._note_failure(b, row, b.indices[row], error)
             from .rowtasks import rows_done

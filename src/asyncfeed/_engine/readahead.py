@@ -86,6 +86,8 @@ class ReadAhead:
         self._fixed = budget
         self._cap, self._floor, self._tail_s = cap, min(floor, cap), tail_s
         self._min_items = min_items
+        # stage accounting: called with each successful read's seconds (loop thread)
+        self.on_read: Callable[[float], None] | None = None
         # consumer thread
         self._drawn: list[Any] = []      # items drawn ahead, not yet given to the pipeline
         self._head = 0                   # index in _drawn of the next item to give
@@ -196,6 +198,7 @@ class ReadAhead:
                 r = self._reads.get(key)
                 if r is None:
                     continue
+                t0 = time.perf_counter()
                 try:
                     raw = await self._fetch(r.idx)
                 except asyncio.CancelledError:
@@ -204,6 +207,8 @@ class ReadAhead:
                     r.error = e
                     size = 0
                 else:
+                    if self.on_read is not None:
+                        self.on_read(time.perf_counter() - t0)
                     r.raw = raw
                     size = _size(raw)
                 r.done = True

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .accounting import ASSEMBLE, DECODE
 from .layout import _PY_SCALARS, Layout, LayoutMismatch, _Leaf
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,6 +133,7 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
     plain = caps.read is None and not (ring and caps.decode_into is not None)
     get = p.dataset.__getitem__ if plain else None
     samples, indices = b.samples, b.indices
+    acct = p.acct  # stage accounting (_load records its own stages)
     if ring:
         bufs = p._rows_of(b)
         views = b.views
@@ -141,7 +143,13 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
             return row - lo
         idx = indices[row]
         try:
-            sample = get(idx) if get is not None else p._load(b, row, idx, _NO_RAW)
+            if get is not None:
+                t = acct.begin()
+                sample = get(idx)
+                t = acct.end(DECODE, t)
+            else:
+                sample = p._load(b, row, idx, _NO_RAW)
+                t = acct.begin()
             samples[row] = sample
             if ring:
                 if b.mismatch:
@@ -153,6 +161,7 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
                         # shapes vary: collate this batch like DataLoader, stop using rows
                         b.mismatch = True
                         p.layouts.give_up()
+                acct.end(ASSEMBLE, t, 0)  # counted per batch, in _finish
             elif not p.layouts.decided:
                 p.layouts.offer(sample)
         except BaseException as e:  # noqa: BLE001 - travels to the consumer

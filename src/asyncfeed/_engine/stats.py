@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
 
 log = logging.getLogger("asyncfeed")
 
@@ -57,6 +61,42 @@ class LoaderStats:
     measured rate chose one running decode thread; ``"threads: 8 (pinned)"``:
     ``num_threads`` was given), ``io`` counts reads on the event loop
     (:class:`IOStats`; None when reads run in the decode threads).
+
+    Where the time of the current (or last) pass went (``docs/observability.md``):
+
+    ``stages`` maps each stage, ``"fetch"`` (reads: awaited on the event loop,
+    or blocking ``read`` calls in a decode thread), ``"decode"`` (the
+    per-sample function: ``__getitem__``, ``decode``/``decode_into``, an
+    iterable's ``next``), ``"assemble"`` (row writes, collate, starting the
+    copy), ``"h2d"`` (the copy stream's busy time, from CUDA events; empty
+    without a GPU) and ``"queue"`` (finished batches waiting for the consumer),
+    to a :class:`StageStats`: ``count`` (samples; batches for assemble, h2d and
+    queue), ``wall_s`` (seconds in the stage, summed over samples and threads)
+    and ``cpu_s`` (thread CPU time, None where not measured).
+
+    ``gil_share`` (0..1) estimates the share of the decode threads' busy time
+    (``decode`` and ``assemble`` stages) spent runnable but not running Python
+    for want of the GIL.  Two measurements: the threads' wall time minus
+    their CPU time (time not running, for want of a core or of the GIL), and
+    a probe thread that wakes 100 times a second and times how long it waits
+    to take the GIL back, less its own wait for a core (``/proc`` schedstat):
+    near 0 while the GIL is free for the taking, about a switch interval
+    (5 ms) while Python threads hold it.  The probe's mean wait over the
+    switch interval is the GIL's pressure; ``gil_share`` is the smaller of it
+    and the not-running share.  Where it is wrong: with one decode thread it
+    reads near 0 however much Python runs (nothing contends; more threads
+    would); time blocked in I/O inside ``__getitem__`` while other threads run
+    Python counts as GIL; a GIL held by C code that does not release it (a
+    slow library call) counts as GIL, rightly, but is not Python; on a machine
+    whose cores other processes keep busy, GIL-free work reads somewhat high
+    (preempted GIL holders) and GIL-bound work low (threads woken for the GIL
+    wait for a core) (seen with load
+    averages of 7-16 on 2 cores: 0.01-0.07 for GIL-free work, 0.18-0.86 for
+    pure Python).
+
+    ``bottleneck`` is one of ``"consumer"`` (the loader is ahead: the training
+    step is the bottleneck), ``"fetch"``, ``"decode"``, ``"gil"`` or ``"h2d"``
+    (None until a batch was delivered); :meth:`explain` says what to do about it.
     """
 
     epoch: int = 0
@@ -68,6 +108,28 @@ class LoaderStats:
     skipped: list[SkippedSample] = field(default_factory=list)
     execution: str = ""
     io: IOStats | None = None
+    stages: Mapping[str, StageStats] = field(default_factory=dict)
+    gil_share: float = 0.0
+    bottleneck: str | None = None
+    _reading: tuple[Snapshot, Analysis] | None = field(default=None, repr=False,
+                                                        compare=False)
+
+    def explain(self) -> str:
+        """Two or three sentences on the bottleneck: what it means and which knob to turn."""
+        from .advice import explain
+        if self._reading is None:
+            return "No batch has been delivered yet: there is nothing to explain."
+        return explain(*self._reading)
+
+
+def observe(acct: Accounting | None, cores: int) -> dict[str, Any]:
+    """The observability fields of :class:`LoaderStats` for a pass's accounting."""
+    if acct is None:
+        return {}
+    snap = acct.snapshot()
+    a = analyse(snap, cores)
+    return {"stages": dict(snap.stages), "gil_share": a.gil_share,
+            "bottleneck": a.bottleneck, "_reading": (snap, a) if a.bottleneck else None}
 
 
 class RateLimitedLog:

@@ -77,6 +77,33 @@ def pin(obj: Any) -> Any:
     return map_tensors(obj, lambda t: t if t.is_pinned() else t.pin_memory())
 
 
+class CopyTimes:
+    """The copy stream's busy time, from CUDA timing events, for ``stats().stages["h2d"]``.
+
+    ``add(start, end)`` keeps a batch's bracketing events; ``drain()`` returns
+    ``(copies, seconds)`` of those completed since its last call (in order: it
+    stops at the first still running, never waits).  At most ``keep`` are kept
+    pending: with nobody draining, the oldest are dropped uncounted.
+    """
+
+    def __init__(self, keep: int = 4096) -> None:
+        self._pending: collections.deque[tuple[Any, Any]] = collections.deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def add(self, start: Any, end: Any) -> None:
+        self._pending.append((start, end))
+
+    def drain(self) -> tuple[int, float]:
+        n, ms = 0, 0.0
+        with self._lock:
+            pending = self._pending
+            while pending and pending[0][1].query():
+                start, end = pending.popleft()
+                n += 1
+                ms += start.elapsed_time(end)
+        return n, ms / 1000.0
+
+
 class CopyStream:
     """Host-to-device copies on a stream of their own, one event per batch.
 
@@ -86,6 +113,8 @@ class CopyStream:
     recorded before each batch's copies too, and ``timings`` keeps the last
     ``timing_keep`` ``(start, end, nbytes)`` triples (read them after a
     synchronize: ``start.elapsed_time(end)`` is that batch's copy time in ms).
+    Every batch's copies are bracketed by timing events either way: the stage
+    accounting reads the completed ones with ``drain_timings()``.
     """
 
     def __init__(self, device: torch.device, *, timing: bool = False,
@@ -96,6 +125,11 @@ class CopyStream:
         self.timings: collections.deque[tuple[Any, Any, int]] = \
             collections.deque(maxlen=timing_keep)
         self._lock = threading.Lock()
+        self.copy_times = CopyTimes()
+
+    def drain_timings(self) -> tuple[int, float]:
+        """``(copies, seconds)`` of the batch copies completed since the last call."""
+        return self.copy_times.drain()
 
     def pin(self, host_batch: Any) -> Any:
         """Pinned copies of the batch's tensors (already pinned ones are kept), so that
@@ -111,9 +145,12 @@ class CopyStream:
         with self._lock, torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             if self.timing:
                 return self._to_device_timed(host_batch)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
             out = map_tensors(host_batch, lambda t: t.to(self.device, non_blocking=True))
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
+            self.copy_times.add(start, event)
         return out, event
 
     def _to_device_timed(self, host_batch: Any) -> tuple[Any, torch.cuda.Event]:
@@ -135,6 +172,7 @@ class CopyStream:
         event = torch.cuda.Event(enable_timing=True)
         event.record(self.stream)
         self.timings.append((start, event, sum(src.nbytes for src, _ in pairs)))
+        self.copy_times.add(start, event)
         return out, event
 
     def hand_over(self, gpu_batch: Any, event: Any) -> None:  # a torch.cuda.Event

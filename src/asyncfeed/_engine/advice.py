@@ -1,0 +1,96 @@
+"""What a verdict means for the user: two or three sentences naming the knob to turn.
+
+``explain(snapshot, analysis)`` is what ``LoaderStats.explain()`` returns; the
+sections it points to are in ``docs/observability.md``.
+"""
+
+from __future__ import annotations
+
+from .accounting import Analysis, Snapshot
+
+__all__ = ["explain"]
+
+DOCS = "docs/observability.md"
+
+
+def _capacity(s: Snapshot, name: str) -> float:
+    for r in s.resources:
+        if r.name == name:
+            return r.capacity
+    return 0.0
+
+
+def _per_item_ms(s: Snapshot, stage: str) -> float:
+    st = s.stages.get(stage)
+    return 1000.0 * st.wall_s / st.count if st is not None and st.count else 0.0
+
+
+def explain(s: Snapshot, a: Analysis) -> str:
+    """Plain sentences on ``a.bottleneck`` with the figures behind it."""
+    waited = f"the training loop waited for data {a.wait_share:.0%} of the time"
+    load = a.loads.get(a.limiting or "", 0.0)
+    threads = _capacity(s, "threads")
+    used = f"{a.cores_used:.1f} of {a.cores} cores"
+    v = a.bottleneck
+    if v == "consumer":
+        return (f"The loader is ahead of the training step: {waited}, so the step "
+                "itself (model, optimizer, logging) is what limits the rate. Loader "
+                "settings will not make this faster; fewer num_threads or a smaller "
+                "prefetch would save CPU and memory (docs/tuning.md, "
+                f"{DOCS}#consumer).")
+    if v == "fetch":
+        ms = _per_item_ms(s, "fetch")
+        if a.limiting == "io":
+            cap = _capacity(s, "io")
+            return (f"Reads are the bottleneck: {waited}, with {load * cap:.1f} of "
+                    f"io_concurrency={cap:g} reads in flight on average, {ms:.1f} ms each. "
+                    "Raise io_concurrency to keep more reads in flight, or bring the data "
+                    f"closer (a local cache: docs/remote.md; {DOCS}#fetch).")
+        if a.limiting == "iterator":
+            return (f"Pulling raw items from the iterable (one thread at a time) is the "
+                    f"bottleneck: {waited}, and the iterator was busy {load:.0%} of the time, "
+                    f"{ms:.2f} ms per item. Make iter_raw() cheaper, or read several shards "
+                    f"at once ({DOCS}#fetch).")
+        return (f"Blocking reads in the decode threads are the bottleneck: {waited}, "
+                f"and the {threads:g} threads were busy {load:.0%} of the time, {ms:.1f} ms "
+                "per read. Give the data set an async fetch (ImageFolder(io='async')) so "
+                "reads wait on the event loop, or raise num_threads "
+                f"(docs/tuning.md, {DOCS}#fetch).")
+    if v == "decode":
+        if a.limiting == "iterator":
+            return (f"The iterable's __next__ is the bottleneck: {waited}, and it runs one "
+                    f"thread at a time ({_per_item_ms(s, 'decode'):.2f} ms per item). Split "
+                    "it into iter_raw() and decode(raw) so decoding runs on every decode "
+                    f"thread ({DOCS}#decode).")
+        spare = a.cores_used < a.cores - 0.5
+        busy = sum(st.wall_s for st in s.stages.values() if st.cpu_s is not None)
+        queued = (s.cpu_threads_run_delay_s or 0.0) / busy if busy > 0 else 0.0
+        if spare and queued > 0.3:
+            knob = (f"the threads waited for a core {min(queued, 1.0):.0%} of their busy "
+                    "time although this process left cores unused: other processes are "
+                    "using them (check the machine's load)")
+        elif spare:
+            knob = "cores are left: raise num_threads"
+        else:
+            knob = ("the cores are busy: make each sample cheaper (DCT-scaled decode, "
+                    "a linear resize, uint8 output)")
+        return (f"Decoding is the bottleneck: {waited}, and the {threads:g} decode threads "
+                f"allowed to run were busy {load:.0%} of the time using {used}. "
+                f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
+    if v == "gil":
+        held = a.gil_pressure if a.gil_pressure is not None else a.gil_share
+        return (f"The GIL is the bottleneck: Python held it most of the time (a probe "
+                f"waiting to take it found it busy, {held:.0%} of a switch interval on "
+                f"average; decode threads lost {a.gil_share:.0%} of their busy time to it), "
+                f"and the process used {used}, so more threads will "
+                "not help. Move the heavy loops of the per-sample function into numpy, "
+                "torch or OpenCV calls (they "
+                "release the GIL), or run it in worker processes (execution='processes'; "
+                "the default 'auto' switches once it has measured the GIL held) "
+                f"(docs/tuning.md, {DOCS}#gil).")
+    if v == "h2d":
+        return (f"The host-to-device copy is the bottleneck: {waited}, and the copy "
+                f"stream was busy {load:.0%} of the time, {_per_item_ms(s, 'h2d'):.2f} ms "
+                "per batch. Keep pin_memory on (the default on CUDA), send uint8 and "
+                f"normalise on the GPU (docs/gpu.md, {DOCS}#h2d).")
+    return "No batch has been delivered yet: there is nothing to explain."

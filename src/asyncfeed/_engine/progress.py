@@ -1,0 +1,96 @@
+"""The live view of a pass: a tqdm bar and/or a periodic log line.
+
+``AsyncLoader(progress=True)`` shows one bar per pass whose postfix carries the
+samples/s and the bottleneck of the last refresh window; ``log_every=seconds``
+writes one ``logging`` line per interval (logger ``"asyncfeed"``, level INFO)
+with the rate, each stage's share of the stage time and the bottleneck, as
+``key=value`` pairs and as a dict in the record's ``asyncfeed`` attribute.
+
+Both are fed by the consumer thread (``tick()`` after each batch handed out);
+there is no thread of their own.  A tick costs a clock read unless a refresh
+or a log line is due (at most ``REFRESH_S`` apart for the bar).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from .accounting import STAGES, Accounting, Snapshot, analyse
+
+__all__ = ["LiveView", "REFRESH_S", "window_figures"]
+
+log = logging.getLogger("asyncfeed")
+
+#: the bar's postfix is recomputed at most this often (seconds)
+REFRESH_S = 0.5
+
+
+def window_figures(window: Snapshot, cores: int) -> dict[str, Any]:
+    """Rate, stage shares and bottleneck of a window between two snapshots."""
+    elapsed = max(window.elapsed_s, 1e-9)
+    total = sum(max(0.0, st.wall_s) for st in window.stages.values()) or 1.0
+    a = analyse(window, cores)
+    return {"samples_per_s": window.samples / elapsed,
+            "batches": window.batches,
+            "shares": {name: max(0.0, window.stages[name].wall_s) / total
+                       for name in STAGES if name in window.stages},
+            "gil_share": a.gil_share,
+            "wait_share": a.wait_share,
+            "bottleneck": a.bottleneck}
+
+
+class LiveView:
+    """One pass's bar and log lines (either may be off).  ``close()`` is idempotent."""
+
+    def __init__(self, acct: Accounting, cores: int, *, progress: bool,
+                 log_every: float | None, total: int | None, epoch: int) -> None:
+        self._acct = acct
+        self._cores = cores
+        self._bar: Any = None
+        if progress:
+            from .._optional import require
+            tqdm = require("tqdm", "AsyncLoader(progress=True)").tqdm
+            self._bar = tqdm(total=total, desc=f"epoch {epoch}", unit="batch",
+                             file=sys.stderr, mininterval=REFRESH_S, dynamic_ncols=True)
+        self._log_every = log_every
+        now = time.perf_counter()
+        self._bar_at = now
+        self._log_at = now
+        first = acct.snapshot()
+        self._bar_snap = first
+        self._log_snap = first
+        self._closed = False
+
+    def tick(self) -> None:
+        """A batch was handed out (consumer thread)."""
+        now = time.perf_counter()
+        if self._bar is not None:
+            self._bar.update(1)
+            if now - self._bar_at >= REFRESH_S:
+                snap = self._acct.snapshot()
+                f = window_figures(snap - self._bar_snap, self._cores)
+                self._bar.set_postfix({"samples/s": f"{f['samples_per_s']:.0f}",
+                                       "bottleneck": f["bottleneck"] or "-"}, refresh=False)
+                self._bar_snap, self._bar_at = snap, now
+        if self._log_every is not None and now - self._log_at >= self._log_every:
+            snap = self._acct.snapshot()
+            self._log(snap - self._log_snap)
+            self._log_snap, self._log_at = snap, now
+
+    def _log(self, window: Snapshot) -> None:
+        f = window_figures(window, self._cores)
+        shares = " ".join(f"{k}={v:.2f}" for k, v in f["shares"].items())
+        log.info("asyncfeed: samples_per_s=%.1f %s gil_share=%.2f wait_share=%.2f "
+                 "bottleneck=%s", f["samples_per_s"], shares, f["gil_share"],
+                 f["wait_share"], f["bottleneck"], extra={"asyncfeed": f})
+
+    def close(self) -> None:
+        """End the bar (the pass ended or was stopped)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
