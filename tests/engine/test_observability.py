@@ -454,3 +454,14 @@ def test_progress_without_tqdm_says_what_to_install(monkeypatch):
 def test_log_every_must_be_positive():
     with pytest.raises(ValueError, match="log_every"):
         AsyncLoader(Rows(8), batch_size=4, log_every=0)
+
+
+def test_process_stage_tasks_are_timed_as_decode_by_the_workers():
+    with AsyncLoader(GetItemOnly(64, work=python_loop), batch_size=8, execution="processes",
+                     num_workers=2) as loader:
+        assert drain(loader) == 8
+        st = loader.stats()
+    assert st.execution.startswith("processes")
+    assert st.stages["decode"].count == 64 and st.stages["assemble"].count == 8
+    assert st.bottleneck == "decode", st._reading
+    assert "2 worker processes" in st.explain()

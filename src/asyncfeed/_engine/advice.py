@@ -62,6 +62,13 @@ def explain(s: Snapshot, a: Analysis) -> str:
                     f"thread at a time ({_per_item_ms(s, 'decode'):.2f} ms per item). Split "
                     "it into iter_raw() and decode(raw) so decoding runs on every decode "
                     f"thread ({DOCS}#decode).")
+        if a.limiting == "processes":
+            n = _capacity(s, "processes")
+            return (f"Decoding is the bottleneck: {waited}, and the {n:g} worker processes "
+                    "the loader moved the GIL-bound per-sample work to were all busy. Give "
+                    "it more of them (num_workers, default: the cores) if cores are left, "
+                    "or make each sample cheaper; moving its Python loops into numpy or "
+                    f"torch calls would let threads do it (docs/tuning.md, {DOCS}#decode).")
         spare = a.cores_used < a.cores - 0.5
         busy = sum(st.wall_s for st in s.stages.values() if st.cpu_s is not None)
         queued = (s.cpu_threads_run_delay_s or 0.0) / busy if busy > 0 else 0.0
@@ -74,8 +81,10 @@ def explain(s: Snapshot, a: Analysis) -> str:
         else:
             knob = ("the cores are busy: make each sample cheaper (DCT-scaled decode, "
                     "a linear resize, uint8 output)")
-        return (f"Decoding is the bottleneck: {waited}, and the {threads:g} decode threads "
-                f"allowed to run were busy {load:.0%} of the time using {used}. "
+        who = (f"{_capacity(s, 'processes'):g} worker processes" if a.limiting == "processes"
+               else f"{threads:g} decode threads allowed to run")
+        return (f"Decoding is the bottleneck: {waited}, and the {who} "
+                f"were busy {load:.0%} of the time using {used}. "
                 f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
     if v == "gil":
         held = a.gil_pressure if a.gil_pressure is not None else a.gil_share

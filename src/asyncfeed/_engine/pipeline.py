@@ -225,6 +225,11 @@ class Pipeline(BatchHandoff):
         else:
             stage = self.stage_for() if self.stage_for is not None else None
             if stage is not None and processes.submit_batch(self, stage, b):
+                if self.stage is None:  # the samples' capacity is the workers now
+                    self.acct.gate = None
+                    self.acct.resources = (Resource("processes", (FETCH, DECODE, ASSEMBLE),
+                                                    stage.num_workers),
+                                           *self.acct.resources[1:])
                 self.stage = stage
                 return
             # runs of rows per pool task, sized by the measured cost of a row: tiny
