@@ -14,7 +14,7 @@ from .._io.hedge import CountsReads, ReadStats
 from .._io.local import SLOW_READ_S, LocalSource
 from ..protocols import Decoder, DecoderInto, Source
 from .decoder import ImageDecoder
-from .image import Interpolation, check_interpolation, check_size
+from .image import Interpolation, MaxPixels, check_interpolation, check_size, pixel_limit
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -55,7 +55,10 @@ class ImageFolder:
     ``ImageDecoder(size, interpolation)``; ``size`` and ``interpolation`` then
     belong to your decoder).  A decoder that also fits
     :class:`~asyncfeed.protocols.DecoderInto` writes straight into batch rows.
-    See ``docs/extending.md``.
+    See ``docs/extending.md``.  ``max_pixels`` bounds the pixels an image's header
+    may declare, checked before decoding (``"pillow"``, the default: what Pillow
+    refuses, more than twice ``PIL.Image.MAX_IMAGE_PIXELS``; None: no limit); it
+    configures the default decoder too.
 
     Errors are raised as :class:`asyncfeed.SampleError` naming the index and path.
     """
@@ -64,17 +67,18 @@ class ImageFolder:
                  extensions: tuple[str, ...] = IMG_EXTENSIONS,
                  interpolation: Interpolation = "area", io: IOMode = "auto",
                  source: Source | None = None, decoder: Decoder | None = None,
-                 **source_options: Any) -> None:
+                 max_pixels: MaxPixels = "pillow", **source_options: Any) -> None:
         check_size(size)
         check_interpolation(interpolation)
         if io not in ("auto", "thread", "async"):
             raise ValueError(f"io must be 'auto', 'thread' or 'async', got {io!r}")
         self.root = os.fspath(root)
+        pixel_limit(max_pixels)  # ValueError now for a bad value
         if decoder is None:
-            decoder = ImageDecoder(size, interpolation)
-        elif size != 224 or interpolation != "area":
-            raise TypeError("size and interpolation configure the default decoder; with "
-                            "decoder=, give them to your decoder")
+            decoder = ImageDecoder(size, interpolation, max_pixels=max_pixels)
+        elif size != 224 or interpolation != "area" or max_pixels != "pillow":
+            raise TypeError("size, interpolation and max_pixels configure the default "
+                            "decoder; with decoder=, give them to your decoder")
         elif not callable(decoder):
             raise TypeError(f"decoder must be callable (a Decoder), got {decoder!r}")
         self.decoder = decoder

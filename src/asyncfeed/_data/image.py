@@ -6,19 +6,33 @@ libjpeg-turbo through simplejpeg does the decode, with DCT-domain downscaling so
 the resize starts from the smallest image that is still at least ``size`` on the
 short side; Pillow decodes whatever simplejpeg cannot (CMYK, PNG, GIF, WebP...).
 Everything heavy releases the GIL.
+
+Before any decoder allocates, the dimensions in the file's header are checked
+against ``max_pixels`` (by default what Pillow refuses: more than twice
+``PIL.Image.MAX_IMAGE_PIXELS``), so a small file that declares a huge image (a
+decompression bomb) fails at once with ``PIL.Image.DecompressionBombError``.
+
+OpenCV's own thread count is left as the process has it (``cv2.setNumThreads``
+is process-wide: setting it here would change the user's own OpenCV calls).  At
+the usual output sizes OpenCV runs ``resize`` and ``split`` on the calling
+thread anyway: it splits a resize into one stripe per 64 Ki output pixels and
+runs a single stripe serially.
 """
 
 from __future__ import annotations
 
 import io
 import numbers
+import sys
 from types import ModuleType
-from typing import Literal
+from typing import Literal, Union
 
 import numpy as np
 import simplejpeg
 
 Interpolation = Literal["area", "linear"]
+#: ``"pillow"`` (Pillow's own limit, read at each call), a number of pixels, or None (no limit)
+MaxPixels = Union[int, None, Literal["pillow"]]
 
 _cv2: ModuleType | None = None
 
@@ -26,31 +40,74 @@ _cv2: ModuleType | None = None
 def _opencv() -> ModuleType:
     """OpenCV, imported on first use: it is the costliest import of ``import asyncfeed``
     otherwise (~15-30 ms and ~4,000 objects here), and a loader with ``size=None``
-    never needs it.  Racing threads both import it (Python's import lock serialises
-    that) and both set the thread count: harmless."""
+    never needs it.  Its process-wide thread count is left alone (see the module
+    docstring)."""
     global _cv2
     if _cv2 is None:
         import cv2
-        cv2.setNumThreads(1)  # parallelism comes from the loader's threads, not OpenCV's pool
         _cv2 = cv2
     return _cv2
 
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_PILLOW_DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3  # PIL.Image.MAX_IMAGE_PIXELS
 
 
-def decode_rgb(raw: bytes, min_side: int | None = None) -> np.ndarray:
+def pixel_limit(max_pixels: MaxPixels) -> int | None:
+    """The largest number of pixels ``max_pixels`` allows (None: no limit).
+
+    ``"pillow"`` is what Pillow itself refuses to open: more than twice
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (it only warns between 1x and 2x), or no limit
+    when that is None.  Pillow is not imported for this: until it is, nobody can
+    have changed its limit from the default.
+    """
+    if max_pixels == "pillow":
+        pil = sys.modules.get("PIL.Image")
+        base = getattr(pil, "MAX_IMAGE_PIXELS", _PILLOW_DEFAULT_MAX_PIXELS) if pil \
+            else _PILLOW_DEFAULT_MAX_PIXELS
+        return None if base is None else 2 * int(base)
+    if max_pixels is None:
+        return None
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, numbers.Integral) \
+            or max_pixels <= 0:
+        raise ValueError(f"max_pixels must be a positive int, None or 'pillow', "
+                         f"got {max_pixels!r}")
+    return int(max_pixels)
+
+
+def check_pixels(height: int, width: int, limit: int | None) -> None:
+    """Raise ``PIL.Image.DecompressionBombError`` when a ``height`` x ``width`` image
+    exceeds ``limit``."""
+    if limit is not None and height * width > limit:
+        from PIL import Image
+        raise Image.DecompressionBombError(
+            f"the header declares a {width}x{height} image ({width * height} pixels), more "
+            f"than max_pixels={limit} (a decompression bomb?); pass a larger max_pixels, or "
+            f"None, to decode it")
+
+
+def decode_rgb(raw: bytes, min_side: int | None = None,
+               max_pixels: MaxPixels = "pillow") -> np.ndarray:
     """Decode ``raw`` to an RGB ``uint8`` array of shape ``[H, W, 3]``.
 
     With ``min_side``, a JPEG may be downscaled in the DCT domain (by 1/2, 1/4 or
     1/8) as long as both sides stay at least ``min_side``.  Grayscale, CMYK and
     progressive JPEGs and any other format Pillow reads (a PNG named ``.jpg``)
     come out as RGB.  Raises ``ValueError`` (or Pillow's ``OSError``) for data that
-    is not a complete image; never returns a partial one.
+    is not a complete image, never returns a partial one; raises
+    ``PIL.Image.DecompressionBombError`` for an image larger than ``max_pixels``
+    (see :func:`pixel_limit`) before decoding it.
     """
     if not raw:
         raise ValueError("empty file")
+    limit = pixel_limit(max_pixels)
     if raw[:3] == _JPEG_MAGIC:
+        try:
+            header = simplejpeg.decode_jpeg_header(raw)
+        except ValueError:
+            header = None  # Pillow reads the header below, or says what is wrong
+        if header is not None:
+            check_pixels(header[0], header[1], limit)
         try:
             kw = {}
             if min_side:
@@ -58,17 +115,18 @@ def decode_rgb(raw: bytes, min_side: int | None = None) -> np.ndarray:
             return simplejpeg.decode_jpeg(raw, colorspace="RGB", strict=True, **kw)
         except ValueError:
             pass  # CMYK/YCCK and other oddities: Pillow knows them, or says what is wrong
-    return _decode_pillow(raw, min_side)
+    return _decode_pillow(raw, min_side, limit)
 
 
-def _decode_pillow(raw: bytes, min_side: int | None) -> np.ndarray:
+def _decode_pillow(raw: bytes, min_side: int | None, limit: int | None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError  # imported on first use: only odd files
     try:
-        im = Image.open(io.BytesIO(raw))
+        im = Image.open(io.BytesIO(raw))  # reads the header only
     except UnidentifiedImageError:
         raise ValueError(f"not an image file Pillow or simplejpeg can read "
                          f"({len(raw)} bytes starting {raw[:8]!r})") from None
     with im:
+        check_pixels(im.height, im.width, limit)
         if min_side and im.format == "JPEG":
             im.draft("RGB", (min_side, min_side))
         im.load()  # raises on truncated data: Pillow is strict unless told otherwise
@@ -141,13 +199,18 @@ def check_interpolation(interpolation: object) -> None:
 
 
 def decode_image(raw: bytes, size: int | None, out: np.ndarray | None = None,
-                 interpolation: Interpolation = "area") -> np.ndarray:
+                 interpolation: Interpolation = "area",
+                 max_pixels: MaxPixels = "pillow") -> np.ndarray:
     """Bytes of an image file to ``uint8`` CHW RGB: ``[3, size, size]``, or full size if None.
 
-    Raises ValueError for a bad ``size``/``interpolation`` or undecodable data.
+    Raises ValueError for a bad ``size``/``interpolation``/``max_pixels`` or
+    undecodable data, and ``PIL.Image.DecompressionBombError`` (before decoding)
+    for an image whose header declares more than ``max_pixels`` pixels
+    (``"pillow"``: what Pillow refuses, more than ``2 * Image.MAX_IMAGE_PIXELS``;
+    None: no limit).
     """
     check_size(size)
     check_interpolation(interpolation)
     if size is None:
-        return hwc_to_chw(decode_rgb(raw), out)
-    return resize_center_crop(decode_rgb(raw, size), size, out, interpolation)
+        return hwc_to_chw(decode_rgb(raw, max_pixels=max_pixels), out)
+    return resize_center_crop(decode_rgb(raw, size, max_pixels), size, out, interpolation)

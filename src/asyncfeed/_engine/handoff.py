@@ -109,6 +109,7 @@ class BatchHandoff:
         self._tracked: dict[int, Batch] = {}   # submitted, not yet ready
         # where the pass's time goes (stats()); the pass sets acct.resources
         self.acct = Accounting()
+        runtime.on_close(self.stop)  # at interpreter exit too: no sample starts after it
 
     # ---------------------------------------------------------------- lifecycle
     def _set_state(self, state: PassState) -> None:
@@ -166,7 +167,9 @@ class BatchHandoff:
                 elif self.ready:
                     return self._queued(self.ready.pop(min(self.ready)))
                 if self.stopping:
-                    raise LoaderClosedError("the loader was closed while waiting for a batch")
+                    raise LoaderClosedError(
+                        f"this iterator is closed: {self.close_reason or 'the loader was closed'}"
+                        " (while waiting for a batch)")
                 if self.taken >= self.submitted and self.exhausted:
                     return None
                 remaining = None if deadline is None else deadline - time.monotonic()

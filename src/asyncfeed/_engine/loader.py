@@ -934,7 +934,7 @@ class _Iterator:
             self._p.finish()
         else:
             self._p.stop(reason)
-        self._runtime.close(wait=True)
+        self._runtime.close(wait=True, reason=reason or "the pass ended")
         # a pass's batch memory goes with it (batches still held keep theirs)
         self._loader._host_pool.clear()
         if self._finalizer.detach() is not None and not self._done:

@@ -413,10 +413,15 @@ class Pipeline(BatchHandoff):
         self._finish(b)
 
     def _finish(self, b: Batch) -> None:
-        """Assemble the batch and start its copy (in the thread that completed it)."""
+        """Assemble the batch and start its copy (in the thread that completed it).
+
+        Once the pass is over nobody takes the batch: it is only marked ready (a
+        thread abandoned at exit must not start a collate or a copy)."""
         t = self.acct.begin()
         try:
-            if b.n == 0:
+            if self.stopping:
+                b.error = b.error or LoaderClosedError("the pass was closed")
+            elif b.n == 0:
                 pass  # a batch a resumed checkpoint had already taken
             elif b.error is None and not b.failures:
                 if b.mode == "ring" and not b.mismatch:

@@ -1,10 +1,14 @@
 """The threads of one pass over the data: an event loop thread and a decode pool.
 
 A :class:`Runtime` owns them.  ``close()`` is idempotent, may be called from any
-thread (including a finalizer or one of its own threads), cancels work not yet
-started, and with ``wait=True`` joins every thread it started.  Threads are
-named ``asyncfeed-*`` and are not daemons; runtimes still open when the
-interpreter exits are closed before the interpreter joins non-daemon threads.
+thread (including a finalizer or one of its own threads), tells the pass to stop
+(``on_close`` callbacks), cancels work not yet started, and with ``wait=True``
+joins every thread it started, for at most ``grace`` seconds: a thread still
+busy then (stuck in a call that does not return) is abandoned (see
+:mod:`.workers`) rather than waited for forever.  Threads are named
+``asyncfeed-*`` and are not daemons; runtimes still open when the interpreter
+exits are closed, with a grace of :data:`EXIT_GRACE_S`, before the interpreter
+joins non-daemon threads.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import asyncio
 import concurrent.futures as cf
 import ctypes
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .taskpool import TaskPool
+from .workers import WorkerPool, abandon, join_until
 
 
 def _find_omp_set_num_threads() -> Callable[[int], None] | None:
@@ -66,11 +72,21 @@ _open: weakref.WeakSet[Runtime] = weakref.WeakSet()
 _open_lock = threading.Lock()
 
 
+#: How long ``close()`` waits for a thread still in a call before abandoning it.
+CLOSE_GRACE_S = 1.0
+#: The same at interpreter exit: the process exits this long after its last statement
+#: at most, whatever a stuck sample is doing.
+EXIT_GRACE_S = 1.0
+
+
 def _close_all_at_exit() -> None:
     with _open_lock:
         runtimes = list(_open)
+    for rt in runtimes:  # stop them all first, so their grace periods overlap
+        rt.close(wait=False, reason="the interpreter is exiting")
+    deadline = time.monotonic() + EXIT_GRACE_S
     for rt in runtimes:
-        rt.close(wait=True)
+        rt.close(wait=True, grace=max(0.0, deadline - time.monotonic()))
 
 
 # Runs before the interpreter joins non-daemon threads (plain atexit runs after,
@@ -92,6 +108,20 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def _io_executor(loop: asyncio.AbstractEventLoop, n: int) -> cf.Executor:
+    """The loop's default executor (aiofiles, ``run_in_executor(None, ...)``): a
+    :class:`WorkerPool` where the loop takes one (uvloop), else a ThreadPoolExecutor
+    (asyncio's loop insists on one; its threads cannot be abandoned)."""
+    pool: cf.Executor = WorkerPool(n, "asyncfeed-io-file", lazy=True)
+    try:
+        loop.set_default_executor(pool)
+    except TypeError:
+        pool.shutdown(wait=True)
+        pool = cf.ThreadPoolExecutor(n, thread_name_prefix="asyncfeed-io-file")
+        loop.set_default_executor(pool)
+    return pool
+
+
 class Runtime:
     """A decode thread pool and, when asked, an event loop running in its own thread."""
 
@@ -99,13 +129,14 @@ class Runtime:
                  on_loop_close: Callable[[], Awaitable[None]] | None = None) -> None:
         self._lock = threading.Lock()
         self._closed = False
+        self._on_close: list[weakref.WeakMethod | Callable[[str], None]] = []
         self.num_threads = num_threads
         # every decode thread starts now, while nothing else wants the GIL (started
         # while others decode, each start waits for the GIL: 10-20 ms to first batch)
         self.pool = TaskPool(num_threads, "asyncfeed-decode", initializer=one_intraop_thread)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._io_pool: cf.ThreadPoolExecutor | None = None
+        self._io_pool: cf.Executor | None = None
         self._on_loop_close = on_loop_close
         # whatever runs on the loop (the pipeline) stays alive until the loop has
         # drained: asyncio holds pending tasks only weakly
@@ -113,8 +144,7 @@ class Runtime:
         if with_loop:
             self.loop = new_event_loop()
             # aiofiles and run_in_executor use the loop's default executor: make it ours.
-            self._io_pool = cf.ThreadPoolExecutor(io_threads, thread_name_prefix="asyncfeed-io-file")
-            self.loop.set_default_executor(self._io_pool)
+            self._io_pool = _io_executor(self.loop, io_threads)
             started = threading.Event()
             self._loop_thread = threading.Thread(
                 target=self._run_loop, args=(started,), name="asyncfeed-io", daemon=False)
@@ -176,17 +206,34 @@ class Runtime:
         except RuntimeError:  # loop closed
             return False
 
-    def close(self, wait: bool = True) -> None:
+    def on_close(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` first thing in ``close()`` (a bound method is held
+        weakly): the pass stops starting samples before the pools are shut down."""
+        ref: weakref.WeakMethod | Callable[[str], None]
+        ref = weakref.WeakMethod(callback) if hasattr(callback, "__self__") else callback
+        self._on_close.append(ref)
+
+    def close(self, wait: bool = True, grace: float | None = None,
+              reason: str = "the loader was closed") -> None:
         """Stop everything: pending decode work is cancelled, the loop's tasks too.
 
-        Idempotent.  With ``wait``, returns once every thread has exited (a decode
-        call already running is finished first, it cannot be interrupted).
+        Idempotent.  With ``wait``, returns once every thread has exited or
+        ``grace`` seconds (default :data:`CLOSE_GRACE_S`) have passed, whichever
+        comes first; a thread still running then (a call that does not return:
+        Python cannot interrupt it) is abandoned: renamed
+        ``asyncfeed-abandoned-*``, it exits when its call returns, and the
+        interpreter does not wait for it at exit.  ``reason`` goes to the
+        ``on_close`` callbacks.
         """
         with self._lock:
             first = not self._closed
             self._closed = True
-        me = threading.current_thread()
+            callbacks, self._on_close = self._on_close, []
         if first:
+            for ref in callbacks:
+                fn = ref() if isinstance(ref, weakref.WeakMethod) else ref
+                if fn is not None:
+                    fn(reason)
             self.pool.shutdown(wait=False, cancel_futures=True)
             if self.loop is not None:
                 try:
@@ -195,12 +242,15 @@ class Runtime:
                     pass
         if not wait:
             return
-        if self._loop_thread is not None and self._loop_thread is not me:
-            self._loop_thread.join()
-        if self._io_pool is not None and not me.name.startswith("asyncfeed-io-file"):
-            self._io_pool.shutdown(wait=True, cancel_futures=True)
-        if not me.name.startswith("asyncfeed-decode"):
-            self.pool.shutdown(wait=True)
+        deadline = time.monotonic() + (CLOSE_GRACE_S if grace is None else grace)
+        if self._loop_thread is not None and join_until([self._loop_thread], deadline):
+            abandon(self._loop_thread)
+        if self._io_pool is not None:
+            self._io_pool.shutdown(wait=False, cancel_futures=True)
+            if isinstance(self._io_pool, WorkerPool):
+                self._io_pool.join(deadline)
+        for t in join_until(self.pool.threads, deadline):
+            abandon(t)
         with _open_lock:
             _open.discard(self)
 

@@ -60,6 +60,11 @@ class TaskPool:
                 log.exception("asyncfeed: a decode task raised")
             del item, fn, args
 
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The pool's threads (for an owner that joins them with a deadline)."""
+        return list(self._threads)
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> bool:
         """Queue ``fn(*args)``; raises RuntimeError after ``shutdown`` (as the executor)."""
         if self._shutdown:

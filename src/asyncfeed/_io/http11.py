@@ -8,8 +8,11 @@ few headers, a response framed by ``Content-Length`` (received straight into
 the final buffer with ``asyncio.BufferedProtocol``), chunked or closed-delimited,
 keep-alive connections pooled per host, TLS through ``ssl``, redirects followed.
 
-A body shorter than its framing says (a dropped connection) raises
-:class:`IncompleteResponse`; a request cancelled mid-response (a timeout) closes
+A ``Content-Length`` body is received into a buffer that starts at most
+``_FIRST_BODY`` bytes and doubles as bytes arrive, so a server that declares a
+huge length reserves memory only for what it actually sends.  A body shorter
+than its framing says (a dropped connection, a server lying about the length)
+raises :class:`IncompleteResponse` naming both sizes; a request cancelled mid-response (a timeout) closes
 its connection instead of returning it to the pool.  A kept-alive connection the
 server closed while idle is retried once on a fresh connection, as GET is
 idempotent.
@@ -25,6 +28,7 @@ from urllib.parse import quote, urljoin, urlsplit
 __all__ = ["HTTPPool", "HTTPStatusError", "IncompleteResponse", "Response"]
 
 _MAX_HEAD = 64 << 10
+_FIRST_BODY = 1 << 20   # a Content-Length body's first buffer; doubled as it fills
 _NO_BODY = (204, 304)
 _REDIRECTS = (301, 302, 303, 307, 308)
 _SAFE_PATH = "/%:@!$&'()*+,;=-._~?"
@@ -69,6 +73,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.head = bytearray(16 << 10)
         self.hlen = 0
         self.body: bytearray | None = None   # Content-Length body being received
+        self.want = 0                        # its declared length
         self.got = 0
         self.mode = ""                       # "", "length", "chunked", "eof"
         self.raw = bytearray()               # chunked / eof bodies, as received
@@ -85,7 +90,11 @@ class _Conn(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.body is not None:
-            return memoryview(self.body)[self.got:]
+            if self.got == len(self.body):
+                self._grow_body()
+            if self.body is not None:
+                return memoryview(self.body)[self.got:]
+            return memoryview(bytearray(1 << 12))  # failed: the transport is closing
         if self.mode:  # chunked or until-close: into the scratch area
             return memoryview(self.head)
         if self.hlen >= len(self.head):
@@ -102,7 +111,7 @@ class _Conn(asyncio.BufferedProtocol):
             return
         if self.body is not None:
             self.got += nbytes
-            if self.got == len(self.body):
+            if self.got == self.want:
                 body, self.body = self.body, None
                 self._done(bytes(body))
             return
@@ -127,12 +136,15 @@ class _Conn(asyncio.BufferedProtocol):
             self._done(bytes(self.raw))
         elif not self.received_any:
             fut.set_exception(_Stale())
-        else:
-            have = self.got if self.body is not None else len(self.chunks) + len(self.raw)
-            want = f" of {len(self.body)}" if self.body is not None else ""
+        elif self.body is not None:
             fut.set_exception(IncompleteResponse(
-                f"connection closed after {have}{want} body bytes"
+                f"connection closed after {self.got} of {self.want} body bytes (the server "
+                f"declared Content-Length: {self.want} and sent {self.got})"
                 + (f": {exc}" if exc else "")))
+        else:
+            have = len(self.chunks) + len(self.raw)
+            fut.set_exception(IncompleteResponse(
+                f"connection closed after {have} body bytes" + (f": {exc}" if exc else "")))
 
     # -- parsing -----------------------------------------------------------------------
     def _parse_head(self) -> None:
@@ -178,13 +190,20 @@ class _Conn(asyncio.BufferedProtocol):
             except ValueError:
                 self._fail(IncompleteResponse(f"bad Content-Length {length!r}"))
                 return
+            if n < 0:
+                self._fail(IncompleteResponse(f"bad Content-Length {length!r}"))
+                return
             if len(rest) >= n:
                 self._done(bytes(rest[:n]), tail=rest[n:])
                 return
             self.mode = "length"
-            self.body = bytearray(n)
-            self.body[:len(rest)] = rest
-            self.got = len(rest)
+            self.want = n
+            self.body = bytearray(0)
+            self.got = 0
+            self._grow_body(len(rest))
+            if self.body is not None:
+                self.body[:len(rest)] = rest
+                self.got = len(rest)
             return
         self.mode = "eof"
         self.keep = False
@@ -225,6 +244,24 @@ class _Conn(asyncio.BufferedProtocol):
             pos = end + 2
         del raw[:pos]
 
+    def _grow_body(self, at_least: int = 0) -> None:
+        """A bigger buffer for the Content-Length body (at most its declared length).
+
+        A new buffer, not a resize: the transport may still hold a view of the old one.
+        """
+        assert self.body is not None
+        size = min(self.want, max(at_least, _FIRST_BODY, 2 * len(self.body)))
+        try:
+            new = bytearray(size)
+        except MemoryError:
+            self._fail(IncompleteResponse(
+                f"out of memory for the body: the server declared Content-Length: "
+                f"{self.want}, {self.got} bytes arrived"))
+            self.body = None
+            return
+        new[:self.got] = memoryview(self.body)[:self.got]
+        self.body = new
+
     # -- completion --------------------------------------------------------------------
     def _done(self, body: bytes, tail: Any = b"") -> None:
         if tail:
@@ -249,7 +286,7 @@ class _Conn(asyncio.BufferedProtocol):
         fut = asyncio.get_running_loop().create_future()
         self.fut = fut
         self.head_only = head_only
-        self.hlen, self.body, self.mode, self.got = 0, None, "", 0
+        self.hlen, self.body, self.mode, self.got, self.want = 0, None, "", 0, 0
         self.raw, self.chunks = bytearray(), bytearray()
         self.received_any = False
         assert self.transport is not None
