@@ -12,8 +12,9 @@ chained as ``__cause__``)::
         ├── LoaderClosedError   +RuntimeError   the loader/iterator was closed or superseded
         ├── StateError          +ValueError     a ``state_dict`` not fitting this loader
         ├── WorkerCrashedError  +RuntimeError   a worker process died (names its samples)
-        └── RemoteReadError     +OSError        a remote read failed for good (url, attempts)
-            └── RemoteTimeoutError  +TimeoutError   every attempt ran past the read timeout
+        ├── RemoteReadError     +OSError        a remote read failed for good (url, attempts)
+        │   └── RemoteTimeoutError  +TimeoutError   every attempt ran past the read timeout
+        └── ShardError    +tarfile.ReadError    a tar shard cut short or corrupt (url, member)
 
     OSError
     └── SizeMismatch                      internal: a body not as long as listed (transient)
@@ -36,13 +37,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import errno
+import tarfile
 import threading
 import traceback as _traceback
 
 __all__ = ["AsyncFeedError", "ErrorKind", "LoaderClosedError", "LoaderTimeout",
-           "RemoteReadError", "RemoteTimeoutError", "SampleError", "SizeMismatch",
-           "StateError", "WorkerCrashedError", "classify", "describe", "is_fatal",
-           "rebuild_error", "status_and_code", "traceback_text"]
+           "RemoteReadError", "RemoteTimeoutError", "SampleError", "ShardError",
+           "SizeMismatch", "StateError", "WorkerCrashedError", "classify", "describe",
+           "is_fatal", "rebuild_error", "status_and_code", "traceback_text"]
 
 class AsyncFeedError(Exception):
     """Base class of every error asyncfeed raises on its own account."""
@@ -374,3 +376,29 @@ def classify(e: BaseException) -> ErrorKind:
     if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
         return ErrorKind.TRANSIENT
     return ErrorKind.PERMANENT
+
+
+# -- tar shards -------------------------------------------------------------------------
+class ShardError(AsyncFeedError, tarfile.ReadError):
+    """A tar shard is cut short or corrupt.
+
+    ``url`` is the shard, ``member`` the tar member being read (or, for a broken
+    header, the last member read before it), ``offset`` the byte offset in the
+    shard where reading failed; the underlying error is chained as ``__cause__``.
+    A ``tarfile.ReadError``, so code that catches tarfile's errors still does.
+    """
+
+    def __init__(self, url: str, member: str | None, offset: int, message: str) -> None:
+        self.url, self.member, self.offset = url, member, offset
+        where = f"member {member!r}" if member else "the first member"
+        super().__init__(f"shard {url}, {where} (byte {offset}): {message}")
+
+    def __reduce__(self):
+        return (_rebuild_shard_error, (self.url, self.member, self.offset, self.args[0]))
+
+
+def _rebuild_shard_error(url: str, member: str | None, offset: int, text: str) -> ShardError:
+    err = ShardError.__new__(ShardError)
+    Exception.__init__(err, text)
+    err.url, err.member, err.offset = url, member, offset
+    return err

@@ -17,6 +17,14 @@ stream is parsed; every block has the per-read timeout and retries of
 connection is retried or raised, never parsed as a short shard.  Local shards
 (plain paths, ``file://``) are read with ordinary buffered I/O.
 
+A shard cut short or corrupt still gives every sample that is complete before
+the break (a sample is complete once the next sample's first member header has
+been read), then raises :class:`~asyncfeed._errors.ShardError` naming the shard,
+the member and the byte offset (tarfile itself would take a broken header for
+the end of the archive and stop silently).  An I/O error part way through a
+shard (a remote read that failed for good) is raised as it is, with a note
+naming the member.
+
 Samples go through a shuffle buffer of ``shuffle_buffer`` samples whose random
 choices come from ``seed``, the epoch, the rank and the worker: the same settings
 give the same sample order, run after run.
@@ -46,8 +54,9 @@ from typing import Any
 
 import torch
 
+from .._errors import SampleError, ShardError
 from .._optional import require
-from .image import Interpolation, decode_image
+from .image import Interpolation, MaxPixels, decode_image, pixel_limit
 
 __all__ = ["ImageLabelDecoder", "WebDatasetShards", "expand_braces", "group_samples"]
 
@@ -119,6 +128,81 @@ def group_samples(members: Iterable[tuple[str, bytes]], url: str) -> Iterator[di
         yield current
 
 
+class _TarInfo(tarfile.TarInfo):
+    """Records why tarfile stopped reading headers: it takes a truncated or
+    invalid header after the first for the end of the archive, silently."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tarfile_)
+        except tarfile.HeaderError as e:
+            tarfile_._asyncfeed_stop = e  # type: ignore[attr-defined]
+            raise
+
+
+_BROKEN_END = {
+    tarfile.TruncatedHeaderError: "cut short inside a member header",
+    tarfile.EmptyHeaderError: "cut short: it ends without tar's end-of-archive marker",
+    tarfile.InvalidHeaderError: "a corrupt member header",
+}
+
+
+def _noted(e: BaseException, url: str, member: str | None, offset: int) -> BaseException:
+    if hasattr(e, "add_note"):
+        e.add_note(f"while reading shard {url}, member {member!r} (byte {offset})")
+    return e
+
+
+def _tar_samples(tf: tarfile.TarFile, url: str) -> Iterator[dict[str, Any]]:
+    """``group_samples`` over a tar stream, yielding each sample as soon as the next
+    sample's first header is read, so a break loses only the sample it falls in."""
+    current: dict[str, Any] | None = None
+    last: str | None = None
+    while True:
+        offset = tf.offset
+        try:
+            m = tf.next()
+        except tarfile.ReadError as e:
+            if current is not None:
+                yield current
+            raise ShardError(url, last, offset, f"broken member header after it: {e}") from e
+        except Exception as e:
+            if current is not None:
+                yield current
+            raise _noted(e, url, last, offset)
+        if m is None:
+            break
+        if not m.isfile():
+            continue
+        split = _split_name(m.name)
+        if split is None or m.name.rpartition("/")[2].startswith("__"):
+            continue
+        key, ext = split
+        if current is not None and current["__key__"] != key:
+            yield current
+            current = None
+        try:
+            member = tf.extractfile(m)
+            data = member.read() if member is not None else b""
+        except tarfile.ReadError as e:
+            raise ShardError(url, m.name, m.offset_data,
+                             f"{e} (the shard is cut short or corrupt; {m.size} bytes "
+                             f"declared)") from e
+        except Exception as e:
+            raise _noted(e, url, m.name, m.offset_data)
+        last = m.name
+        if current is None:
+            current = {"__key__": key, "__url__": url}
+        current[ext] = data
+    stop = getattr(tf, "_asyncfeed_stop", None)
+    broken = next((why for kind, why in _BROKEN_END.items() if isinstance(stop, kind)), None)
+    if current is not None:
+        yield current
+    if broken is not None and tf.offset > 0:
+        raise ShardError(url, last, tf.offset, f"{broken} after it ({stop})")
+
+
 class _RangeStream(io.RawIOBase):
     """A remote file read front to back in blocks, ``readahead`` blocks fetched ahead."""
 
@@ -167,22 +251,40 @@ class ImageLabelDecoder:
     """``decode=`` for image classification shards: sample -> ``(uint8 [3, size, size], label)``.
 
     The image is the first of ``image_keys`` present, decoded and resized like
-    ``ImageFolder`` does; the label is the integer text of ``label_key``.
+    ``ImageFolder`` does (``max_pixels`` as there); the label is the integer text
+    of ``label_key``.  An image that fails to decode is raised as
+    :class:`SampleError` whose source is ``<shard>#<member>``; a missing field as
+    ``KeyError``, a bad label as ``ValueError``, both naming the shard and sample.
     """
 
     def __init__(self, size: int | None = 224, *, image_keys: tuple[str, ...] = (
                  "jpg", "jpeg", "png", "webp", "ppm", "bmp"), label_key: str = "cls",
-                 interpolation: Interpolation = "area") -> None:
+                 interpolation: Interpolation = "area",
+                 max_pixels: MaxPixels = "pillow") -> None:
         self.size, self.image_keys, self.label_key = size, image_keys, label_key
         self.interpolation: Interpolation = interpolation
+        pixel_limit(max_pixels)
+        self.max_pixels: MaxPixels = max_pixels
 
     def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
         raw = next((sample[k] for k in self.image_keys if k in sample), None)
         if raw is None:
             raise KeyError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has "
                            f"none of {self.image_keys}; it has {sorted(sample)}")
-        img = decode_image(raw, self.size, interpolation=self.interpolation)
-        label = int(sample[self.label_key].decode().strip())
+        key = next(k for k in self.image_keys if k in sample)
+        where = f"{sample.get('__url__')}#{sample.get('__key__')}"
+        try:
+            img = decode_image(raw, self.size, interpolation=self.interpolation,
+                               max_pixels=self.max_pixels)
+        except Exception as e:
+            raise SampleError(sample.get("__key__"), f"{where}.{key}", e) from e
+        if self.label_key not in sample:
+            raise KeyError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has "
+                           f"no {self.label_key!r}; it has {sorted(sample)}")
+        try:
+            label = int(sample[self.label_key].decode().strip())
+        except ValueError as e:
+            raise ValueError(f"{where}.{self.label_key} is not an integer label: {e}") from e
         return torch.from_numpy(img), label
 
 
@@ -388,15 +490,18 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         return _RangeStream(src, url, size, self.block_size, self.readahead)
 
     def iter_shard(self, url: str) -> Iterator[dict[str, Any]]:
-        """The raw samples of one shard, in order."""
+        """The raw samples of one shard, in order.
+
+        A shard cut short or corrupt yields every sample completed before the
+        break, then raises :class:`ShardError` (shard, member, offset).
+        """
         with self._open(url) as f:
-            with tarfile.open(fileobj=f, mode="r|", bufsize=1 << 20) as tf:
-                def members() -> Iterator[tuple[str, bytes]]:
-                    for m in tf:
-                        if m.isfile():
-                            data = tf.extractfile(m)
-                            yield m.name, data.read() if data is not None else b""
-                yield from group_samples(members(), url)
+            try:
+                tf = tarfile.open(fileobj=f, mode="r|", bufsize=1 << 20, tarinfo=_TarInfo)
+            except tarfile.ReadError as e:
+                raise ShardError(url, None, 0, f"not a tar file: {e}") from e
+            with tf:
+                yield from _tar_samples(tf, url)
 
     def iter_raw(self) -> Iterator[dict[str, Any]]:
         """The raw sample dicts of this pass, shuffled, before ``decode`` (from the
