@@ -95,6 +95,19 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+_warm = False
+
+
+def _warm_up() -> None:
+    """Open what a process opens once for good: the first uvloop loop of a process
+    opens a pipe that uvloop keeps for the process's life (not a leak per pass)."""
+    global _warm
+    if not _warm:
+        from asyncfeed._engine.runtime import Runtime
+        Runtime(1, with_loop=True).close()
+        _warm = True
+
+
 @dataclass
 class Resources:
     threads: set[str] = field(default_factory=set)
@@ -104,6 +117,7 @@ class Resources:
 
     @classmethod
     def snapshot(cls) -> "Resources":
+        _warm_up()
         return cls(threads={t.name for t in threading.enumerate()
                             if t.name.startswith("asyncfeed-") and t.is_alive()},
                    fds=_fds(), shm=set(os.listdir("/dev/shm")), children=_children())

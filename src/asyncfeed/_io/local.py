@@ -38,11 +38,38 @@ class LocalSource:
 
     def list_files(self, subdir: str) -> list[str]:
         """Every file under ``root/subdir`` (recursively, following links), as full paths,
-        in torchvision's order: directories walked in sorted order, files sorted."""
+        in torchvision's order: directories walked in sorted order, files sorted.
+
+        A symlink to a folder that contains it, or to the root (a loop), is not followed; torchvision
+        follows it until the path is too deep and lists every file ~40 times."""
+        walked = []
+        top = os.path.join(self.root, subdir)
+        start = set()
+        for d in (self.root, top):  # a link back to the root is a loop too
+            try:
+                st = os.stat(d)
+                start.add((st.st_dev, st.st_ino))
+            except OSError:
+                pass
+        chains = {top: frozenset(start)}
+        for dirpath, dirnames, fnames in os.walk(top, followlinks=True):
+            walked.append((dirpath, fnames))
+            chain = chains.pop(dirpath, frozenset())
+            # a symlink back to a folder it is in would be walked again and again (until
+            # ELOOP, ~40 levels deep): each file listed 40 times.  Not followed.
+            keep = []
+            for d in dirnames:
+                try:
+                    st = os.stat(os.path.join(dirpath, d))
+                except OSError:
+                    continue
+                ident = (st.st_dev, st.st_ino)
+                if ident not in chain:
+                    keep.append(d)
+                    chains[os.path.join(dirpath, d)] = chain | {ident}
+            dirnames[:] = keep
         out: list[str] = []
-        for dirpath, dirnames, fnames in sorted(os.walk(os.path.join(self.root, subdir),
-                                                        followlinks=True)):
-            dirnames.sort()
+        for dirpath, fnames in sorted(walked):
             for fname in sorted(fnames):
                 out.append(os.path.join(dirpath, fname))
         return out
