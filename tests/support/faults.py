@@ -99,12 +99,15 @@ _warm = False
 
 
 def _warm_up() -> None:
-    """Open what a process opens once for good: the first uvloop loop of a process
-    opens a pipe that uvloop keeps for the process's life (not a leak per pass)."""
+    """Open what a process opens once for good (not a leak per pass): the first uvloop
+    loop of a process opens a pipe uvloop keeps; fsspec runs one I/O loop thread (an
+    epoll descriptor and a socket pair) for the process's life."""
     global _warm
     if not _warm:
+        import fsspec.asyn
         from asyncfeed._engine.runtime import Runtime
         Runtime(1, with_loop=True).close()
+        fsspec.asyn.get_loop()
         _warm = True
 
 

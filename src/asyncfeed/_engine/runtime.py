@@ -76,7 +76,7 @@ _open_lock = threading.Lock()
 CLOSE_GRACE_S = 1.0
 #: The same at interpreter exit: the process exits this long after its last statement
 #: at most, whatever a stuck sample is doing.
-EXIT_GRACE_S = 1.0
+EXIT_GRACE_S = 0.5
 
 
 def _close_all_at_exit() -> None:

@@ -50,11 +50,18 @@ def abandon(thread: threading.Thread) -> bool:
 
 
 def join_until(threads: list[threading.Thread], deadline: float) -> list[threading.Thread]:
-    """Join ``threads`` until ``deadline`` (``time.monotonic()``); the ones still alive."""
+    """Join ``threads`` until ``deadline`` (``time.monotonic()``); the ones still alive.
+
+    Threads already abandoned are not waited for again (their owner gave up on them).
+    """
     me = threading.current_thread()
     left = []
     for t in threads:
         if t is me:
+            continue
+        if t.name.startswith(ABANDONED_PREFIX):
+            if t.is_alive():
+                left.append(t)
             continue
         t.join(max(0.0, deadline - time.monotonic()))
         if t.is_alive():
