@@ -63,7 +63,7 @@ def join_until(threads: list[threading.Thread], deadline: float) -> list[threadi
             if t.is_alive():
                 left.append(t)
             continue
-        t.join(max(0.0, deadline - time.monotonic()))
+        t.join(None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
         if t.is_alive():
             left.append(t)
     return left
