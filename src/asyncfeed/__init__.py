@@ -20,7 +20,8 @@ from ._engine.loader import AsyncLoader
 from ._engine.accounting import StageStats
 from ._engine.stats import IOStats, LoaderStats, SkippedSample
 from ._errors import (AsyncFeedError, LoaderClosedError, LoaderTimeout, RemoteReadError,
-                      RemoteTimeoutError, SampleError, StateError, WorkerCrashedError)
+                      RemoteTimeoutError, SampleError, ShardError, StateError,
+                      WorkerCrashedError)
 from ._io.local import LocalSource
 from ._memory.device import CopyStream
 from .protocols import Decoder, DecoderInto, DeviceTransfer, Source
@@ -50,6 +51,7 @@ __all__ = [
     "RemoteReadError",
     "RemoteTimeoutError",
     "SampleError",
+    "ShardError",
     "SkippedSample",
     "Source",
     "StageStats",

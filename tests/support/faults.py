@@ -90,6 +90,21 @@ def _children() -> set[int]:
     return kids
 
 
+def _our_shm() -> set[str]:
+    """``/dev/shm`` entries this process made or maps: named with its pid (torch's
+    ``torch_<pid>_...``, asyncfeed's ``asyncfeed-<pid>-...``) or mapped in its address
+    space.  Other processes on the machine (other test runs) make entries too."""
+    pid = str(os.getpid())
+    names = {n for n in os.listdir("/dev/shm")
+             if pid in n.replace("-", "_").split("_")}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+            if path.startswith("/dev/shm/"):
+                names.add(path[len("/dev/shm/"):].split(" ")[0])
+    return names
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -123,7 +138,7 @@ class Resources:
         _warm_up()
         return cls(threads={t.name for t in threading.enumerate()
                             if t.name.startswith("asyncfeed-") and t.is_alive()},
-                   fds=_fds(), shm=set(os.listdir("/dev/shm")), children=_children())
+                   fds=_fds(), shm=_our_shm(), children=_children())
 
     def extra_over(self, before: "Resources") -> dict[str, object]:
         """What this snapshot holds that ``before`` did not (empty: nothing)."""
