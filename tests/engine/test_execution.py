@@ -217,6 +217,25 @@ def test_threads_never_start_processes():
         assert al._exec.stage is None and al.stats().execution.startswith("threads")
 
 
+def _half_idle():
+    """A machine-idle reading (cumulative idle, total) that is half idle."""
+    t = [0.0]
+
+    def read() -> tuple[float, float]:
+        t[0] += 1.0
+        return t[0] / 2, t[0]
+    return read
+
+
+def _never_idle():
+    t = [0.0]
+
+    def read() -> tuple[float, float]:
+        t[0] += 1.0
+        return 0.0, t[0]
+    return read
+
+
 def _windows(t: Tuner, rate_at, busy_at, n: int, row_s: float) -> None:
     clock = 0.0
     for _ in range(n):
@@ -230,15 +249,21 @@ def _windows(t: Tuner, rate_at, busy_at, n: int, row_s: float) -> None:
 
 
 def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():
-    gil = Tuner(size=4, cores=2, adaptive=True)
+    gil = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
     gil.gate_for_pass()
     _windows(gil, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
     assert gil.gil_bound is not None and gil.gil_bound.startswith("gil: ")
-    io = Tuner(size=4, cores=2, adaptive=True)   # waits on I/O: fewer threads do less
+    # the same figures on a machine other work keeps busy: threads waiting for a
+    # core are not held by the GIL
+    busy = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
+    busy.gate_for_pass()
+    _windows(busy, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
+    assert busy.gil_bound is None and busy.limit < 4
+    io = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())  # waits on I/O: fewer threads do less
     io.gate_for_pass()
     _windows(io, lambda k: 100.0 * k, lambda k: 0.05 * k, 20, row_s=4e-3)
     assert io.gil_bound is None
-    tiny = Tuner(size=4, cores=2, adaptive=True)  # GIL-bound but too cheap for a process hop
+    tiny = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())  # GIL-bound but too cheap for a process hop
     tiny.gate_for_pass()
     _windows(tiny, lambda k: 30_000.0, lambda k: 1.0, 20, row_s=3e-5)
     assert tiny.gil_bound is None

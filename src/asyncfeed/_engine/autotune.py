@@ -31,6 +31,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("asyncfeed")
 
@@ -44,6 +45,8 @@ MAX_BACKOFF = 64
 WINDOWS_PER_SIDE = 2   # windows averaged for each rate a decision compares
 GIL_CORES = 1.3            # at most this many cores busy, whatever the threads: the GIL
 PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a process hop
+IDLE_SHARE = 0.25          # the machine must have had this share of its CPU idle: threads
+                           # that wait for a core (others load it) are not held by the GIL
 
 
 class Gate:
@@ -85,8 +88,12 @@ class Gate:
 class Tuner:
     """The loader's running thread count, measured and adapted across its passes."""
 
-    def __init__(self, size: int, cores: int, adaptive: bool) -> None:
+    def __init__(self, size: int, cores: int, adaptive: bool,
+                 machine_idle: Callable[[], tuple[float, float] | None] | None = None) -> None:
         self.size = size
+        # cumulative (idle, total) CPU time of the whole machine, in any unit
+        self._machine_idle = machine_idle if machine_idle is not None else read_machine_idle
+        self._idle_at_start: tuple[float, float] | None = None
         self.cores = max(1, cores)
         self.adaptive = adaptive and size > 1
         self.limit = size
@@ -101,7 +108,8 @@ class Tuner:
         self._w_tasks = 0
         self._changed_at = 0.0   # tasks started before the last change do not count
         self._seen: list[tuple[float, float]] = []  # (rate, cores busy) of recent windows
-        self._probe: tuple[int, float, float] | None = None  # (limit, rate, cores busy) before
+        # (limit, rate, cores busy, machine idle share) before the probe
+        self._probe: tuple[int, float, float, float] | None = None
         # why the per-sample function was found to hold the GIL (None: not found so)
         self.gil_bound: str | None = None
         self._hold = 0
@@ -140,6 +148,7 @@ class Tuner:
                 return  # started under the previous limit
             if self._w_start is None:
                 self._w_start = max(now - wall, self._changed_at)
+                self._idle_at_start = self._machine_idle()
             self._w_rows += rows
             self._w_cpu += cpu
             self._w_tasks += 1
@@ -147,8 +156,18 @@ class Tuner:
             if span < WINDOW_S or self._w_tasks < MIN_TASKS:
                 return
             rate, used = self._w_rows / span, self._w_cpu / span
+            idle = self._idle_share()
             self._w_start, self._w_rows, self._w_cpu, self._w_tasks = now, 0, 0.0, 0
-            self._decide(rate, used, now)
+            self._decide(rate, used, now, idle)
+
+    def _idle_share(self) -> float | None:
+        """The share of the machine's CPU time that was idle since the window began
+        (None where unknown); starts the next window's reading."""
+        start, end = self._idle_at_start, self._machine_idle()
+        self._idle_at_start = end
+        if start is None or end is None or end[1] <= start[1]:
+            return None
+        return (end[0] - start[0]) / (end[1] - start[1])
 
     def _set(self, limit: int, why: str, now: float) -> None:
         if limit == self.limit:
@@ -170,24 +189,26 @@ class Tuner:
     def _up(self, n: int) -> int:
         return min(self.size, n + 1 if n < self.cores else 2 * n)
 
-    def _decide(self, rate: float, used: float, now: float) -> None:
+    def _decide(self, rate: float, used: float, now: float, idle: float | None = None) -> None:
         n = self.limit
         self.rates[n] = rate
         # every comparison is between the means of two windows on each side: one
         # window is noisy on a machine shared with other work
-        self._seen.append((rate, used))
+        self._seen.append((rate, used, 1.0 if idle is None else idle))
         if len(self._seen) < WINDOWS_PER_SIDE:
             return
-        rate = sum(r for r, _ in self._seen) / len(self._seen)
-        used = sum(u for _, u in self._seen) / len(self._seen)
+        rate = sum(x[0] for x in self._seen) / len(self._seen)
+        used = sum(x[1] for x in self._seen) / len(self._seen)
+        idle_share = sum(x[2] for x in self._seen) / len(self._seen)
         self._seen = []
         if self._probe is not None:
-            before, before_rate, before_used = self._probe
+            before, before_rate, before_used, before_idle = self._probe
             self._probe = None
             down = n < before
             kept = rate >= before_rate * (DOWN_TOLERANCE if down else UP_GAIN)
             if kept and down and self.gil_bound is None and self.cores > 1 \
                     and before_used < GIL_CORES and used < GIL_CORES \
+                    and before_idle >= IDLE_SHARE \
                     and (self.row_cost_s or 0) >= PROCESS_MIN_ROW_S:
                 # fewer threads did as much, and about one core was ever busy: the
                 # per-sample function holds the GIL (a process stage can run it in parallel)
@@ -198,7 +219,7 @@ class Tuner:
                 self._backoff = 2
                 nxt = self._down(n) if down else self._up(n)
                 if nxt != n and (not down or used < BUSY * min(n, self.cores)):
-                    self._probe = (n, rate, used)
+                    self._probe = (n, rate, used, idle_share)
                     self._set(nxt, f"{rate:,.0f} rows/s at {n}, probing {nxt}", now)
                 else:
                     self._hold = 4
@@ -220,9 +241,21 @@ class Tuner:
             nxt = self._up(n)
         else:
             return
-        self._probe = (n, rate, used)
+        self._probe = (n, rate, used, idle_share)
         self._set(nxt, f"{rate:,.0f} rows/s at {n}, {used:.2f} cores busy: probing {nxt}",
                   now)
+
+
+def read_machine_idle() -> tuple[float, float] | None:
+    """Cumulative (idle, total) CPU jiffies of the whole machine (Linux ``/proc/stat``);
+    None elsewhere."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()[1:]
+        vals = [int(v) for v in fields[:8]]
+        return float(vals[3] + vals[4]), float(sum(vals))  # idle + iowait, all
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def rows_per_task(n: int, running: int, row_cost_s: float | None) -> int:
