@@ -251,6 +251,8 @@ def test_loader_over_a_heavy_tailed_server_delivers_every_sample_once(image_tree
         io = _tail_epochs(remote, ImageFolder(image_tree, 32))
         assert server.tail_errors > 0 and server.tail_stalls > 0
         assert io.retries >= server.tail_errors - io.hedges
+        assert io.attempts - io.hedges - io.retries == 2 * len(remote)  # reads: 2 epochs
+        assert io.hedges <= 0.05 * 2 * len(remote)
         remote._source.close()
 
 

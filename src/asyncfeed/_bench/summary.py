@@ -36,10 +36,10 @@ def summarize(cfg: Config, threshold: float = 0.15) -> dict:
         row["errors"] = errors
     io = [((r.get("loader_stats") or {}).get("io") or {}) for r in ok]
     io = [x for x in io if isinstance(x, dict) and x.get("attempts")]
-    if io:  # workload e: extra requests sent by hedging, per request for a sample
+    if io:  # workload e: extra requests sent by hedging, per read of a sample
         row["hedges"] = sum(x.get("hedges", 0) for x in io)
-        row["extra_requests"] = row["hedges"] / max(1, sum(x["attempts"] - x.get("hedges", 0)
-                                                          for x in io))
+        reads = sum(x["attempts"] - x.get("hedges", 0) - x.get("retries", 0) for x in io)
+        row["extra_requests"] = row["hedges"] / max(1, reads)
     for f in _FIGURES:
         vals = [r.get(f) for r in ok]
         if f == "peak_pss_bytes":

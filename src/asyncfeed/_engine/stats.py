@@ -29,8 +29,8 @@ class IOStats:
     """Reads on the event loop (``AsyncLoader.stats().io``).
 
     From the dataset's source, over its lifetime: ``attempts`` (requests sent),
-    ``hedges`` (extra requests sent by hedging; ``hedges / attempts`` stays under
-    the source's ``hedge_budget``), ``hedge_wins``, ``stalls`` (attempts abandoned
+    ``hedges`` (extra requests sent by hedging; at most the source's
+    ``hedge_budget``, 5%, of the reads: ``attempts - hedges - retries``), ``hedge_wins``, ``stalls`` (attempts abandoned
     by the adaptive timeout), ``retries``.  From the read-ahead of the last pass:
     ``readahead_reads``, ``readahead_peak_bytes`` (the most bytes held by finished
     reads waiting for decoding) and ``readahead_budget`` (its byte budget).

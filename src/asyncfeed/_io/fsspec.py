@@ -317,7 +317,7 @@ class FsspecSource:
             try:
                 if guard is None:
                     return await one()
-                return await guard.attempt(one, self.timeout)
+                return await guard.attempt(one, self.timeout, first=attempt == 1)
             except Exception as e:  # CancelledError (a BaseException) passes through
                 kind = classify(e)
                 if kind != "transient" or attempt > self.retries:

@@ -5,9 +5,10 @@ One attempt of a read (one request) is run by :meth:`TailGuard.attempt`:
 - **Hedging**: an attempt still outstanding past the ``hedge_quantile`` (0.95) of
   recently observed latency is sent a second time; the first answer wins and the
   other request is cancelled (its connection closed, never pooled half-read).
-  Extra requests are bounded by a token budget: each attempt earns
-  ``hedge_budget`` (0.05) of a token, a hedge spends one, so hedges never exceed
-  that share of attempts (the bucket starts empty and holds at most 10).  An
+  Extra requests are bounded by a token budget: each read earns ``hedge_budget``
+  (0.05) of a token with its first attempt (retries earn nothing), a hedge spends
+  one, so hedges never exceed that share of reads (the bucket starts empty and
+  holds at most 10).  An
   attempt is hedged only once ``hedge_after_later`` (4) attempts started after it
   have answered: a slow answer with nothing overtaking it is this client being
   slow (a busy event loop, a saturated link), which a second request would only
@@ -161,15 +162,20 @@ class TailGuard:
                 stall = adaptive if hard is None else min(hard, adaptive)
         return hedge, stall
 
-    async def attempt(self, make: Callable[[], Awaitable[T]], hard: float | None) -> T:
+    async def attempt(self, make: Callable[[], Awaitable[T]], hard: float | None,
+                      first: bool = True) -> T:
         """The result of ``make()`` (one request), hedged and abandoned as the policy says.
+
+        ``first``: this is a read's first attempt (it earns hedging budget; a retry
+        does not, so hedges stay a share of reads, not of requests).
 
         Raises the first attempt's error when every attempt failed, or
         :class:`StallTimeout` when they stalled.  Cancelling this cancels them all.
         """
         loop = asyncio.get_running_loop()
-        with self._lock:
-            self._tokens = min(_BURST, self._tokens + self.policy.hedge_budget)
+        if first:
+            with self._lock:
+                self._tokens = min(_BURST, self._tokens + self.policy.hedge_budget)
         self.stats.attempts += 1
         self._seq += 1
         seq = self._seq
