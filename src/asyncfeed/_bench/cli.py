@@ -159,6 +159,8 @@ def _profile_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="DataLoader num_workers (default: the cores)")
     p.add_argument("--no-dataloader", action="store_true", help="profile AsyncLoader only")
+    p.add_argument("--execution", choices=("auto", "threads", "processes"), default="auto",
+                   help="AsyncLoader's execution (auto)")
     p.add_argument("--model-ms", type=float, default=0.0,
                    help="a synthetic training step per batch, in ms (a sleep on the CPU, "
                         "a matmul loop on a GPU, where pynvml samples utilisation)")
@@ -187,7 +189,8 @@ def run_profile(args: argparse.Namespace) -> int:
         result = _profile.profile(
             args.data, seconds=args.seconds, batch_size=args.batch_size, size=args.size,
             images=args.images, threads=args.threads, workers=args.workers,
-            model_ms=args.model_ms, dataloader=not args.no_dataloader, cache=args.cache)
+            model_ms=args.model_ms, dataloader=not args.no_dataloader, cache=args.cache,
+            execution=args.execution)
     except (FileNotFoundError, ValueError, ImportError, AttributeError) as e:
         print(f"asyncfeed profile: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

@@ -149,9 +149,10 @@ def _epochs(make: Callable[[], Any]) -> Iterator[Any]:
 
 
 def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None,
-                   step: Callable[[Any], None], device: str | None) -> dict[str, Any]:
+                   step: Callable[[Any], None], device: str | None,
+                   execution: str = "auto") -> dict[str, Any]:
     loader = AsyncLoader(ds, batch_size=batch_size, shuffle=_shuffle(ds),
-                         num_threads=threads, device=device, seed=0)
+                         num_threads=threads, device=device, seed=0, execution=execution)
     timeline: list[dict[str, Any]] = []
     # the window being filled: ``done`` (from passes already over) plus this pass's
     # figures since ``start``
@@ -177,6 +178,7 @@ def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None
     finally:
         loader.close()
     return {**out, "loader": "AsyncLoader", "threads": loader.num_threads,
+            "execution": st.execution,
             "stages": {k: {"count": v.count, "wall_s": v.wall_s, "cpu_s": v.cpu_s}
                        for k, v in st.stages.items()},
             "gil_share": st.gil_share, "bottleneck": st.bottleneck, "advice": st.explain(),
@@ -204,7 +206,7 @@ def _shuffle(ds: Any) -> bool | None:
 def profile(data: str | None = None, *, seconds: float = 10.0, batch_size: int = 32,
             size: int = 224, images: int = 512, threads: int | None = None,
             workers: int | None = None, model_ms: float = 0.0, dataloader: bool = True,
-            cache: str | None = None) -> dict[str, Any]:
+            cache: str | None = None, execution: str = "auto") -> dict[str, Any]:
     """Run both loaders on DATA and return every figure (see the module docstring)."""
     ds, what = load_dataset(data, size=size, images=images, cache=cache)
     cores = available_cores()
@@ -212,7 +214,7 @@ def profile(data: str | None = None, *, seconds: float = 10.0, batch_size: int =
     step = _model_step(model_ms, device)
     gpu = _GpuSampler() if device is not None and model_ms > 0 else None
     try:
-        runs = [_run_asyncfeed(ds, batch_size, seconds, threads, step, device)]
+        runs = [_run_asyncfeed(ds, batch_size, seconds, threads, step, device, execution)]
         if dataloader:
             runs.append(_run_dataloader(ds, batch_size, seconds, workers or cores, step,
                                         pin=device is not None))
@@ -233,8 +235,9 @@ def _len(ds: Any) -> int | None:
 def render(result: dict[str, Any]) -> str:
     """The side-by-side table and the advice, as printed by ``asyncfeed profile``."""
     runs = result["runs"]
-    heads = [f"AsyncLoader ({r['threads']} threads)" if r["loader"] == "AsyncLoader"
-             else f"DataLoader ({r['workers']} workers)" for r in runs]
+    heads = [f"AsyncLoader ({r['execution'] or str(r['threads']) + ' threads'})"
+             if r["loader"] == "AsyncLoader" else f"DataLoader ({r['workers']} workers)"
+             for r in runs]
     rows: list[tuple[str, list[str]]] = [
         ("samples/s", [f"{r['samples_per_s']:.0f}" for r in runs]),
         ("first batch", [f"{r['first_batch_s']:.2f} s" if r["first_batch_s"] is not None

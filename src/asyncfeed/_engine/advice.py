@@ -65,7 +65,7 @@ def explain(s: Snapshot, a: Analysis) -> str:
         if a.limiting == "processes":
             n = _capacity(s, "processes")
             return (f"Decoding is the bottleneck: {waited}, and the {n:g} worker processes "
-                    "the loader moved the GIL-bound per-sample work to were all busy. Give "
+                    "the loader moved the per-sample work to were all busy. Give "
                     "it more of them (num_workers, default: the cores) if cores are left, "
                     "or make each sample cheaper; moving its Python loops into numpy or "
                     f"torch calls would let threads do it (docs/tuning.md, {DOCS}#decode).")
