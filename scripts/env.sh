@@ -9,12 +9,14 @@
 # torch goes in first and alone, pinned: a bare torch requirement (asyncfeed's own range,
 # asked for with no torch installed) would pull a multi-GB CUDA build; with it installed,
 # asyncfeed's range is satisfied and nothing more comes.  Then asyncfeed, editable, with
-# every extra and the test tools: ".[all,test]".  The environment is reused while a stamp
-# in it matches pyproject.toml, the torch version and this checkout's path.
+# every extra and the test tools: ".[all,test]", at the versions in scripts/constraints.txt.
+# The environment is reused while a stamp in it matches pyproject.toml, the constraints, the
+# torch version and this checkout's path.
 _repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _venv="${ASYNCFEED_VENV:-$_repo/.venv}"
 _torch="${TORCH_VERSION:-2.13.0}"
-_want="$(sha256sum "$_repo/pyproject.toml" | cut -d' ' -f1) torch==$_torch $_repo"
+_want="$(cat "$_repo/pyproject.toml" "$_repo/scripts/constraints.txt" | sha256sum | cut -d' ' -f1)"
+_want="$_want torch==$_torch $_repo"
 if [ ! -x "$_venv/bin/python" ]; then
   echo "asyncfeed: creating the environment in $_venv (first use: a few minutes)" >&2
   "${PYTHON:-python3}" -m venv "$_venv"
@@ -22,7 +24,11 @@ fi
 if [ "$(cat "$_venv/.asyncfeed-env" 2>/dev/null)" != "$_want" ]; then
   echo "asyncfeed: installing torch==$_torch, then asyncfeed[all,test] (editable) into $_venv" >&2
   "$_venv/bin/python" -m pip install -q "torch==$_torch"
-  "$_venv/bin/python" -m pip install -q -e "$_repo[all,test]"
+  if ! "$_venv/bin/python" -m pip install -q -c "$_repo/scripts/constraints.txt" \
+      -e "$_repo[all,test]"; then  # e.g. another Python, for which a pinned release has no build
+    echo "asyncfeed: installing at the pinned versions failed; resolving afresh" >&2
+    "$_venv/bin/python" -m pip install -q -e "$_repo[all,test]"
+  fi
   echo "$_want" > "$_venv/.asyncfeed-env"
 fi
 ASYNCFEED_PY="$_venv/bin/python"
