@@ -493,18 +493,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args(argv)
-    # A Python-level handler, not a blocked mask and sigwait: threads started at import
-    # (torch's OpenMP pool) do not have the signals blocked, and one of them receiving
-    # SIGTERM with the default action killed the process (exit -15: 2 of 4 full test
-    # runs on a loaded machine).
-    stop = threading.Event()
+    # Threads started at import (OpenBLAS's, by numpy) do not block signals, so a SIGTERM
+    # may land on one of them: with the default action that kills the process (exit -15),
+    # and a sigwait() in this thread would miss it.  Handled instead, whichever thread
+    # takes it writes its number to the wakeup pipe, which this thread reads.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, frame: None)
     with DirectoryServer(args.root, latency=args.latency, host=args.host, port=args.port,
                          tail=tail_from_arguments(args)) as s:
         print(s.url, flush=True)
-        while not stop.wait(0.2):
-            pass
+        os.read(wake_r, 1)
 
 
 if __name__ == "__main__":
