@@ -26,7 +26,7 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Literal
+from typing import TYPE_CHECKING, Callable, Iterator, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from aiohttp import web
@@ -483,7 +483,6 @@ def main(argv: list[str] | None = None) -> None:
     the URL.
     """
     import argparse
-    import signal
 
     ap = argparse.ArgumentParser(prog="python -m asyncfeed._bench.httpserve", description=main.__doc__)
     ap.add_argument("root")
@@ -493,19 +492,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args(argv)
-    # Threads started at import (OpenBLAS's, by numpy) do not block signals, so a SIGTERM
-    # may land on one of them: with the default action that kills the process (exit -15),
-    # and a sigwait() in this thread would miss it.  Handled instead, whichever thread
-    # takes it writes its number to the wakeup pipe, which this thread reads.
+    wait = stop_signal_waiter()
+    with DirectoryServer(args.root, latency=args.latency, host=args.host, port=args.port,
+                         tail=tail_from_arguments(args)) as s:
+        print(s.url, flush=True)
+        wait()
+
+
+def stop_signal_waiter() -> Callable[[], None]:
+    """From now on SIGTERM and SIGINT no longer end the process; the returned function
+    blocks (in the main thread) until one has arrived, since this call.
+
+    Not ``pthread_sigmask`` + ``sigwait``: threads started at import (OpenBLAS's, by
+    numpy) do not block the signals, and one landing there took the default action
+    (the process died with -15).  Handled instead, whichever thread takes the signal
+    writes its number to the wakeup pipe, which the waiter reads.
+    """
+    import signal
+
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
-    with DirectoryServer(args.root, latency=args.latency, host=args.host, port=args.port,
-                         tail=tail_from_arguments(args)) as s:
-        print(s.url, flush=True)
+
+    def wait() -> None:
         os.read(wake_r, 1)
+    return wait
 
 
 if __name__ == "__main__":

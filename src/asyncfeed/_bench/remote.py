@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     TARGET [--latency S] [tail flags]``: serve until SIGTERM, printing the URL first."""
     import argparse
 
-    from .httpserve import add_tail_arguments, tail_from_arguments
+    from .httpserve import add_tail_arguments, stop_signal_waiter, tail_from_arguments
 
     ap = argparse.ArgumentParser(prog="python -m asyncfeed._bench.remote")
     sub = ap.add_subparsers(dest="what", required=True)
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     px.add_argument("--latency", type=float, default=0.02)
     add_tail_arguments(px)
     args = ap.parse_args(argv)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    wait = stop_signal_waiter()
     if args.what == "moto":
         import logging
 
@@ -258,14 +258,14 @@ def main(argv: list[str] | None = None) -> None:
         server.start()
         host, port = server.get_host_and_port()
         print(f"http://{host}:{port}/", flush=True)
-        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        wait()
         server.stop()
         return
     proxy = _s3_proxy_class()(args.target, latency=args.latency,
                               tail=tail_from_arguments(args))
     with proxy:
         print(proxy.url, flush=True)
-        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        wait()
 
 
 if __name__ == "__main__":
