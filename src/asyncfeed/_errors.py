@@ -131,7 +131,7 @@ def _typed_class(base: type) -> type[SampleError]:
     with _typed_lock:
         cls = _typed_classes.get(base)
         if cls is None:
-            cls = type(base.__name__, (SampleError, base), {  # type: ignore[assignment]
+            cls = type(base.__name__, (SampleError, base), {
                 "__module__": base.__module__, "__qualname__": base.__qualname__,
                 "__str__": SampleError.__str__, "__reduce__": _typed_reduce,
                 "__doc__": f"A sample failed with {base.__qualname__} (see SampleError)."})

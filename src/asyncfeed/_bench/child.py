@@ -56,7 +56,7 @@ def execute(spec: dict) -> dict:
     if family in ("torchdata", "spdl"):  # import outside the measured window
         __import__(contenders.REQUIRES[family])
     gc.collect()
-    marks: list[dict] = []
+    marks = []
     if spec.get("pause", True):
         _pause("ready", marks)
     device = spec.get("device", "cpu")
@@ -138,7 +138,7 @@ def execute(spec: dict) -> dict:
     elapsed = arrivals[-1] if arrivals else None
     cpu_user = cpu1[0] - cpu0[0]
     cpu_sys = cpu1[1] - cpu0[1]
-    out: dict[str, Any] = {
+    out = {
         "samples": samples,
         "batches": len(arrivals),
         "sample_shape": shape,

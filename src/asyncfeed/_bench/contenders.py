@@ -165,8 +165,8 @@ def _spdl(ds: Any, order: list[int], bs: int, threads: int, pin: bool) -> Handle
         batch = default_collate(items)
         return [t.pin_memory() for t in batch] if pin else batch
 
-    pipeline = (PipelineBuilder()
-                .add_source(order)
+    pipeline: Any = (PipelineBuilder()
+                .add_source(order)  # type: ignore[arg-type]  # spdl's generic stub: Never
                 .pipe(ds.__getitem__, concurrency=threads)
                 .aggregate(bs)
                 .pipe(collate)
@@ -198,7 +198,7 @@ def _asyncfeed(family: str, ds: Any, order: list[int], bs: int, threads: int | N
         kwargs["num_threads"] = threads
     if device != "cpu":
         kwargs["device"] = device
-    loader = AsyncLoader(ds, **kwargs)
+    loader: AsyncLoader[Any] = AsyncLoader(ds, **kwargs)
     info = {"threads": threads, "path": {"asyncfeed": "thread reads",
                                          "asyncfeed-async": "async reads",
                                          "asyncfeed-map": "map-style"}[family]}

@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
@@ -137,7 +137,7 @@ def _batch_len(batch: Any) -> int:
     return int(x.shape[0]) if hasattr(x, "shape") and len(x.shape) else 1
 
 
-def _epochs(make: Callable[[], Any]) -> Iterator[Any]:
+def _epochs(make: Callable[[], Any]) -> Generator[Any, None, None]:
     """Batches of pass after pass (a short data set still fills the time)."""
     while True:
         empty = True
@@ -151,8 +151,9 @@ def _epochs(make: Callable[[], Any]) -> Iterator[Any]:
 def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None,
                    step: Callable[[Any], None], device: str | None,
                    execution: str = "auto") -> dict[str, Any]:
-    loader = AsyncLoader(ds, batch_size=batch_size, shuffle=_shuffle(ds),
-                         num_threads=threads, device=device, seed=0, execution=execution)
+    loader: AsyncLoader[Any] = AsyncLoader(ds, batch_size=batch_size, shuffle=_shuffle(ds),
+                                           num_threads=threads, device=device, seed=0,
+                                           execution=execution)
     timeline: list[dict[str, Any]] = []
     # the window being filled: ``done`` (from passes already over) plus this pass's
     # figures since ``start``
@@ -161,6 +162,7 @@ def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None
 
     def on_batch() -> None:
         acct = loader._acct
+        assert acct is not None  # a batch arrived: its pass is accounted
         if acct is not state["acct"]:   # a new pass: bank what the last one added
             if state["acct"] is not None:
                 state["done"] = state["done"] + (state["acct"].snapshot() - state["start"])

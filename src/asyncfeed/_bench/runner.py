@@ -223,7 +223,7 @@ class Bench:
             ds.update(kind="folder", listing=None, io=options.pop("io", "auto"), root=root,
                       options=options)
         small = cfg.dataset in ("cifar", "noop")
-        spec = {"dataset": ds, "family": cfg.family, "knob": cfg.knob, "mode": cfg.mode,
+        spec: dict[str, Any] = {"dataset": ds, "family": cfg.family, "knob": cfg.knob, "mode": cfg.mode,
                 "batch_size": s.batch_size_small if small else s.batch_size, "device": s.device, "seed": s.seed,
                 "context": cfg.context}
         if cfg.mode == "limit":

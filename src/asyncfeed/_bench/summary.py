@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from .config import Config
@@ -11,9 +12,9 @@ _FIGURES = ("steady_rate", "rate", "cpu_per_sample_ms", "peak_pss_bytes", "peak_
             "ttfb_s", "wait_fraction", "other_load", "close_s", "build_s")
 
 
-def _median(vals: list[float]) -> float | None:
-    vals = [v for v in vals if v is not None]
-    return statistics.median(vals) if vals else None
+def _median(vals: Sequence[float | None]) -> float | None:
+    present = [v for v in vals if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _disturbed(run: dict, threshold: float = 0.15) -> bool:

@@ -96,7 +96,7 @@ def render(seed: int, index: int) -> tuple[np.ndarray, bool, bool]:
     lum = np.fft.irfft2(spec, s=(h, w)).astype(np.float32)
     lum *= np.float32(rng.uniform(CONTRAST[0], CONTRAST[1]) / (lum.std() + 1e-6))
     # Objects: a few filled ellipses and polygons with hard edges, slightly softened.
-    shapes = np.zeros((h, w), np.float32)
+    shapes: np.ndarray = np.zeros((h, w), np.float32)
     for _ in range(int(rng.integers(3, 9))):
         val = float(rng.uniform(-60, 60))
         if rng.random() < 0.5:

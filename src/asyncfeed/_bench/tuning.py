@@ -8,12 +8,14 @@ past it buys less than the last few percent, and costs memory and CPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 KNEE_FRACTION = 0.95
 
 
-def knee(points: list[tuple[int, float]], fraction: float = KNEE_FRACTION) -> dict | None:
+def knee(points: Sequence[tuple[int, float | None]], fraction: float = KNEE_FRACTION) -> dict | None:
     """``{"knob", "rate", "best_knob", "best_rate"}`` for ``[(knob, rate), ...]``."""
-    pts = sorted((k, r) for k, r in points if r)
+    pts = sorted((k, r) for k, r in points if r is not None and r)
     if not pts:
         return None
     best_k, best_r = max(pts, key=lambda p: p[1])

@@ -263,10 +263,10 @@ class PilAugment:
         with Image.open(path) as im:
             im = im.convert("RGB")
         left, top, w, h = random_resized_crop_box(rng, im.width, im.height)
-        im = im.resize((self.size, self.size), Image.BILINEAR,
+        im = im.resize((self.size, self.size), Image.Resampling.BILINEAR,
                        box=(left, top, left + w, top + h))
         if rng.random() < 0.5:
-            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         arr = np.asarray(im, dtype=np.float32)
         arr *= 1 / 255
         arr -= _MEAN

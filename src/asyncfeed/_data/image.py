@@ -121,7 +121,7 @@ def decode_rgb(raw: bytes, min_side: int | None = None,
 def _decode_pillow(raw: bytes, min_side: int | None, limit: int | None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError  # imported on first use: only odd files
     try:
-        im = Image.open(io.BytesIO(raw))  # reads the header only
+        im: Image.Image = Image.open(io.BytesIO(raw))  # reads the header only
     except UnidentifiedImageError:
         raise ValueError(f"not an image file Pillow or simplejpeg can read "
                          f"({len(raw)} bytes starting {raw[:8]!r})") from None

@@ -368,7 +368,7 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
         if world_size is not None:
-            _check_rank(rank, world_size)  # type: ignore[arg-type]
+            _check_rank(rank, world_size)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.shuffle_shards = shuffle_shards
@@ -378,7 +378,7 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         self.block_size, self.readahead = block_size, readahead
         self.on_shard_error = on_shard_error
         self.epoch = 0
-        self._source_options = dict(storage_options=storage_options or {}, timeout=timeout,
+        self._source_options: dict[str, Any] = dict(storage_options=storage_options or {}, timeout=timeout,
                                     retries=retries, backoff=backoff)
         self._sources: dict[str, Any] = {}
         self._pass: _PassPosition | None = None          # the pass being read

@@ -178,7 +178,7 @@ class Accounting:
         self._tls = threading.local()
         self._accs: list[_Acc] = []
         self._lock = threading.Lock()
-        self._h2d = [0, 0.0]
+        self._h2d: list[Any] = [0, 0.0]  # copies, seconds
         self._t0 = time.perf_counter()
         self._cpu0 = time.process_time()
         self._wait = 0.0

@@ -193,6 +193,7 @@ class BatchHandoff:
         self.taken += 1
         if b.slot is not None:
             b.slot.event = b.event
+            assert b.layout is not None  # a batch with a slot is a ring batch
             ring = self.memory.ring(b.layout, b.n) if self.memory is not None else None
             if ring is not None:
                 ring.release(b.slot)   # a slot of an older ring is dropped there
@@ -232,6 +233,7 @@ class BatchHandoff:
             if r in failed:
                 continue
             if b.mode == "ring" and not b.mismatch:
+                assert b.layout is not None and b.bufs is not None  # a ring batch's layout is known
                 out.append((idx, b.layout.row_sample(b.bufs, r)))
             else:
                 out.append((idx, b.samples[r]))

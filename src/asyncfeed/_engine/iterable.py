@@ -100,6 +100,7 @@ class IterablePipeline(BatchHandoff):
         def make() -> Any:
             return iter(caps.iter_raw()) if caps.iter_raw is not None else iter(dataset)
         self.stream = stream
+        self.it: Any
         self.it, start = stream.open(make) if stream is not None else (make(), 0)
         # one thread pulls at a time: pulling is a resource of capacity 1, and it is
         # the read ("fetch") when the dataset splits its work, else all of it ("decode")
@@ -126,7 +127,7 @@ class IterablePipeline(BatchHandoff):
         self._next_chunk = 0
         self.made = 0            # batches numbered so far
         self._rows: list[Any] = []
-        self._row_failures: list[tuple[int, Any, BaseException]] = []
+        self._row_failures: list[tuple[int, Any, BaseException | None]] = []
         self._start = 0
         self._good = 0
         self._errors_in_row = 0

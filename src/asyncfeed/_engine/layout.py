@@ -10,7 +10,7 @@ containers come out exactly as ``default_collate`` makes them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -166,7 +166,7 @@ class Layout:
         """The batch, structured as ``default_collate`` would build it."""
         if n is not None:
             bufs = [b[:n] for b in bufs]
-        fn_map = {_Leaf: lambda batch, *, collate_fn_map=None: bufs[batch[0].j]}
+        fn_map: dict[type | tuple[type, ...], Callable[..., Any]] = {_Leaf: lambda batch, *, collate_fn_map=None: bufs[batch[0].j]}
         return collate([self.skeleton], collate_fn_map=fn_map)
 
 

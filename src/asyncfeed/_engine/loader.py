@@ -428,12 +428,13 @@ class AsyncLoader(Generic[T_co]):
             self._stats.path = "iterable"
             tracker = StreamTracker(self.dataset, resume.stream if resume is not None
                                     else None)
-            pipeline = IterablePipeline(config, dataset=self.dataset, caps=self._caps,
-                                        runtime=runtime, copy=self._copy,
-                                        ranks=(self.rank, self.world_size), stream=tracker)
+            stream_pipeline = IterablePipeline(config, dataset=self.dataset, caps=self._caps,
+                                               runtime=runtime, copy=self._copy,
+                                               ranks=(self.rank, self.world_size),
+                                               stream=tracker)
             progress = PassProgress(self._epoch, stream_start=tracker.start)
             progress.stream = tracker
-            return pipeline, progress
+            return stream_pipeline, progress
         plan, progress = self._start_plan(resume)
         pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,
                             layouts=self._layouts, runtime=runtime, memory=self._memory,

@@ -145,6 +145,7 @@ class Pipeline(BatchHandoff):
     def _resources(self) -> tuple[Resource, ...]:
         """Which stages share which capacity (for the accounting's verdict)."""
         threads = self.runtime.num_threads
+        res: tuple[Resource, ...]
         if self.use_fetch:
             res = (Resource("io", (FETCH,), self.io_concurrency),
                    Resource("threads", (DECODE, ASSEMBLE), threads))
@@ -202,6 +203,7 @@ class Pipeline(BatchHandoff):
     def _submit(self, b: Batch) -> None:
         if b.mode == "ring":
             b.layout = self.layouts.layout
+            assert b.layout is not None  # a ring batch's layout is known
             ring = self.memory.ring(b.layout, b.n) if self.copy is not None else None
             if ring is not None:
                 b.slot = ring.acquire()
@@ -328,6 +330,7 @@ class Pipeline(BatchHandoff):
         caps = self.caps
         out = None
         if b.mode == "ring" and caps.decode_into is not None:
+            assert b.layout is not None  # a ring batch's layout is known
             out = b.layout.row_out(self._rows_of(b), row)
         acct = self.acct
         t = acct.begin()
@@ -365,6 +368,7 @@ class Pipeline(BatchHandoff):
         if b.mode == "ring":
             b.samples[row] = sample   # kept in case the batch must be collated instead
             t = self.acct.begin()
+            assert b.layout is not None  # a ring batch's layout is known
             try:
                 b.layout.write_row(self._rows_of(b), row, sample, b.views)
             except LayoutMismatch:
@@ -382,6 +386,7 @@ class Pipeline(BatchHandoff):
         if b.bufs is None:
             with self.cond:
                 if b.bufs is None:
+                    assert b.layout is not None  # a ring batch's layout is known
                     bufs = self.memory.host_buffers(b.layout, b.n)
                     b.views = b.layout.numpy_views(bufs)
                     b.bufs = bufs
@@ -425,6 +430,7 @@ class Pipeline(BatchHandoff):
                 pass  # a batch a resumed checkpoint had already taken
             elif b.error is None and not b.failures:
                 if b.mode == "ring" and not b.mismatch:
+                    assert b.layout is not None and b.bufs is not None  # a ring batch's layout is known
                     host = b.layout.assemble(b.bufs, b.n)
                     b.samples = [None] * b.n  # rows hold the data now
                     b.views = None

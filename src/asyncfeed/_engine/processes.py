@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("asyncfeed")
 
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+_use_count: Any = getattr(torch._C, "_storage_Use_Count", None)  # private: may be absent
 _ALIGN = 64
 _names = itertools.count()
 
@@ -132,6 +132,7 @@ class ShmBuffers:
                 bufs.append([None] * self._rows)
                 continue
             off, n = place
+            assert spec.dtype is not None  # only list leaves have no dtype, and no place
             t = torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=off) if n else \
                 torch.empty(0, dtype=torch.uint8)
             bufs.append(t.view(spec.dtype).view(self._rows, *spec.shape))
@@ -155,7 +156,8 @@ class ShmBuffers:
                 out.append([None] * self._rows)
             else:
                 t = torch.empty(0, dtype=spec.dtype)
-                out.append(t.set_(st, 0, (self._rows, *spec.shape)))
+                # torch's stub lacks set_(UntypedStorage, offset, size), which it takes
+                out.append(t.set_(st, 0, (self._rows, *spec.shape)))  # type: ignore[call-overload]
         return out
 
     def _forget_all(self) -> None:
@@ -598,6 +600,7 @@ def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
     path = None
     if b.mode == "ring" and b.slot is None:
         if b.bufs is None:
+            assert b.layout is not None  # a ring batch's layout is known
             bufs, path = stage.take(b.layout, max(b.n, p.batch_size or b.n))
             b.views = b.layout.numpy_views(bufs)
             b.bufs = bufs

@@ -135,9 +135,11 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
     samples, indices = b.samples, b.indices
     acct = p.acct  # stage accounting (_load records its own stages)
     if ring:
+        assert b.layout is not None  # a ring batch's layout is known
+        layout = b.layout
         bufs = p._rows_of(b)
-        views = b.views
-        writer = writer_for(p, b.layout)
+        views: Any = b.views
+        writer = writer_for(p, layout)
     for row in range(lo, hi):
         if p.stopping:
             return row - lo
@@ -156,7 +158,7 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
                     continue  # collated anyway
                 if writer is None or not writer.write(bufs, views, row, sample):
                     try:
-                        b.layout.write_row(bufs, row, sample, views)
+                        layout.write_row(bufs, row, sample, views)
                     except LayoutMismatch:
                         # shapes vary: collate this batch like DataLoader, stop using rows
                         b.mismatch = True
@@ -176,6 +178,7 @@ def place_sample(p: Pipeline, b: Batch, row: int, sample: Any) -> None:
         if b.mismatch:
             return
         bufs = p._rows_of(b)
+        assert b.layout is not None  # a ring batch's layout is known
         try:
             b.layout.write_row(bufs, row, sample, b.views)
         except LayoutMismatch:

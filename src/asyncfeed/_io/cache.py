@@ -68,7 +68,7 @@ class MemoryCache:
         return {"max_bytes": self.max_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["max_bytes"])
+        type(self).__init__(self, state["max_bytes"])
 
     def get(self, key: str, size: int | None = None) -> bytes | None:
         """The cached bytes of ``key`` or None; ``size``, when known, must match."""
@@ -158,7 +158,7 @@ class DiskCache:
         return {"directory": self.directory, "max_bytes": self.max_bytes, "verify": self.verify}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["directory"], state["max_bytes"], verify=state["verify"])
+        type(self).__init__(self, state["directory"], state["max_bytes"], verify=state["verify"])
 
     def path_of(self, key: str) -> str:
         h = hashlib.sha1(key.encode("utf-8", "surrogateescape")).hexdigest()

@@ -28,7 +28,7 @@ import os
 import random
 import threading
 import weakref
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 from urllib.parse import unquote
 
 from .._optional import require
@@ -231,7 +231,7 @@ class FsspecSource:
         if conn is not None and conn.loop is io_loop:
             asyncio.run_coroutine_threadsafe(self.close_io(), io_loop).result()
 
-    def _sync(self, func: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    def _sync(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
         """Run ``func(*args)`` on fsspec's I/O loop and wait (not ``fsspec.asyn.sync``: it
         turns every TimeoutError into its own FSTimeoutError)."""
         loop = fsspec.asyn.get_loop()

@@ -62,7 +62,8 @@ def map_tensors(obj: Any, fn: Any) -> Any:
         return obj
     if isinstance(obj, collections.abc.Mapping):
         try:
-            return type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})
+            mapping_type: Any = type(obj)  # a concrete mapping class, not the ABC
+            return mapping_type({k: map_tensors(v, fn) for k, v in obj.items()})
         except TypeError:
             return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, tuple):

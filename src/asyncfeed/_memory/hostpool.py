@@ -19,7 +19,7 @@ import torch
 
 from .._engine.layout import Layout
 
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+_use_count: Any = getattr(torch._C, "_storage_Use_Count", None)  # private: may be absent
 
 
 def reuse_supported() -> bool:
@@ -72,7 +72,8 @@ class HostBufferPool:
                 out.append([None] * self._rows)
             else:
                 t = torch.empty(0, dtype=spec.dtype)
-                out.append(t.set_(st, 0, (self._rows, *spec.shape)))
+                # torch's stub lacks set_(UntypedStorage, offset, size), which it takes
+                out.append(t.set_(st, 0, (self._rows, *spec.shape)))  # type: ignore[call-overload]
         return out
 
     def trim(self, keep_free: int) -> None:
