@@ -133,7 +133,7 @@ class _TarInfo(tarfile.TarInfo):
     invalid header after the first for the end of the archive, silently."""
 
     @classmethod
-    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _TarInfo:
         try:
             return super().fromtarfile(tarfile_)
         except tarfile.HeaderError as e:
@@ -141,10 +141,11 @@ class _TarInfo(tarfile.TarInfo):
             raise
 
 
+# (tarfile has these classes; typeshed lists only their base, HeaderError)
 _BROKEN_END = {
-    tarfile.TruncatedHeaderError: "cut short inside a member header",
-    tarfile.EmptyHeaderError: "cut short: it ends without tar's end-of-archive marker",
-    tarfile.InvalidHeaderError: "a corrupt member header",
+    tarfile.TruncatedHeaderError: "cut short inside a member header",  # type: ignore[attr-defined]
+    tarfile.EmptyHeaderError: "cut short: it ends without tar's end-of-archive marker",  # type: ignore[attr-defined]
+    tarfile.InvalidHeaderError: "a corrupt member header",  # type: ignore[attr-defined]
 }
 
 
