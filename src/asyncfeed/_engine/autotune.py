@@ -107,7 +107,7 @@ class Tuner:
         self._w_cpu = 0.0
         self._w_tasks = 0
         self._changed_at = 0.0   # tasks started before the last change do not count
-        self._seen: list[tuple[float, float]] = []  # (rate, cores busy) of recent windows
+        self._seen: list[tuple[float, float, float]] = []  # (rate, cores busy, idle share)
         # (limit, rate, cores busy, machine idle share) before the probe
         self._probe: tuple[int, float, float, float] | None = None
         # why the per-sample function was found to hold the GIL (None: not found so)
