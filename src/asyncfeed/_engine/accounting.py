@@ -319,7 +319,7 @@ def gil_share(s: Snapshot, cores: int) -> float:
     contended the GIL was (its ``pressure``: 0 when the GIL was there for the
     taking, 1 when a taker always waited a full switch interval, see
     :mod:`.gilprobe`); the share is the smaller of the two.  Before the probe has sampled (a window under
-    10 ms), the not-running time less the scheduler's run-queue delay, scaled
+    20 ms), the not-running time less the scheduler's run-queue delay, scaled
     by the process's CPU rate in cores (at most 1: a thread waits for the GIL
     only while another runs holding it), stands in.
     """

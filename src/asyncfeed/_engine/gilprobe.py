@@ -1,6 +1,6 @@
 """How hard it is to get the GIL right now: a thread that sleeps and times its wake-up.
 
-Every ``period`` seconds (10 ms) the probe thread wakes from a sleep (the GIL
+Every ``period`` seconds (20 ms) the probe thread wakes from a sleep (the GIL
 released) and must take the GIL back before it can read the clock.  The time
 its wake-up came late, less the time it spent waiting for a core (its
 run-queue delay, from ``/proc/thread-self/schedstat``) and the CPU it used, is
@@ -17,8 +17,8 @@ Python threads that hold the GIL continuously make every wait long, a
 preempted holder only one.  ``pressure`` is the mean kept wait over the switch
 interval, capped at 1.
 
-Cost: one wake-up per ``period`` (about 100 per second), a few microseconds
-each, and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
+Cost: one wake-up per ``period`` (about 50 per second, about 3 ms of CPU a second
+in all), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
 running at interpreter exit are closed before the interpreter joins
@@ -76,7 +76,7 @@ class GilProbe:
     them into 0..1.
     """
 
-    def __init__(self, period: float = 0.01) -> None:
+    def __init__(self, period: float = 0.02) -> None:
         self.period = period
         self.wait_s = 0.0
         self.probes = 0

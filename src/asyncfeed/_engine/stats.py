@@ -78,7 +78,7 @@ class LoaderStats:
     (``decode`` and ``assemble`` stages) spent runnable but not running Python
     for want of the GIL.  Two measurements: the threads' wall time minus
     their CPU time (time not running, for want of a core or of the GIL), and
-    a probe thread that wakes 100 times a second and times how long it waits
+    a probe thread that wakes 50 times a second and times how long it waits
     to take the GIL back, less its own wait for a core (``/proc`` schedstat):
     near 0 while the GIL is free for the taking, about a switch interval
     (5 ms) while Python threads hold it.  The probe's mean wait over the
