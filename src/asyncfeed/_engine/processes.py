@@ -36,8 +36,8 @@ import itertools
 import logging
 import mmap
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
-import queue
 import random
 import signal
 import sys
@@ -273,7 +273,13 @@ _NP_DTYPES: dict[torch.dtype, np.dtype] = {
 def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
                  base_seed: int, tasks: Any, results: Any) -> None:
     """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows)`` in, one
-    ``(task_id, worker_id, out)`` back per task; ``None`` ends it."""
+    ``(task_id, worker_id, out)`` back per task; ``None`` ends it.
+
+    ``results`` is this worker's own pipe, written synchronously: a worker that dies
+    (``os._exit``, a segfault, the OOM killer) between tasks leaves no half-written
+    message and holds no lock another worker needs (a shared ``multiprocessing.Queue``
+    is written by a feeder thread under a lock shared by every worker: a worker dying
+    mid-write used to leave the others, and so the pass, waiting forever)."""
     from torch._utils import ExceptionWrapper
     from torch.utils.data._utils import worker as tw
     torch.set_num_threads(1)
@@ -287,7 +293,7 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
         try:
             init_fn(worker_id)
         except BaseException:  # noqa: BLE001 - reported as the first task's failure
-            results.put((-1, worker_id, ExceptionWrapper(
+            results.send((-1, worker_id, ExceptionWrapper(
                 sys.exc_info(), where=f"in worker_init_fn of worker process {worker_id}")))
             return
     mapped: dict[str, _Rows] = {}
@@ -321,7 +327,7 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
             else:
                 out.append((row, "s", sample))
             del sample
-        results.put((task_id, worker_id, out))
+        results.send((task_id, worker_id, out))
     for r in mapped.values():
         r.close()
 
@@ -381,7 +387,7 @@ class ProcessStage:
         self._started = False
         self._workers: list[Any] = []
         self._queues: list[Any] = []
-        self._results: Any = None
+        self._readers: dict[Any, int] = {}   # a worker's result pipe -> its id
         self._collector: threading.Thread | None = None
         self._ids = itertools.count()
         # task id -> (pipeline, batch, lo, hi, worker)
@@ -403,14 +409,18 @@ class ProcessStage:
             self._started = True
             with _open_lock:
                 _open.add(self)
-            self._results = self.ctx.Queue()
             for wid in range(self.num_workers):
                 q = self.ctx.Queue()
+                reader, writer = self.ctx.Pipe(duplex=False)
                 p = self.ctx.Process(target=_worker_main, name=f"asyncfeed-proc-{wid}",
                                      args=(wid, self.num_workers, self.dataset,
                                            self.worker_init_fn, self.base_seed, q,
-                                           self._results), daemon=True)
+                                           writer), daemon=True)
                 p.start()
+                # only the worker holds its pipe's write end: its death reads as EOF
+                # (closed before the next fork, so no later worker inherits it)
+                writer.close()
+                self._readers[reader] = wid
                 self._queues.append(q)
                 self._workers.append(p)
             self._collector = threading.Thread(target=self._collect,
@@ -450,30 +460,42 @@ class ProcessStage:
 
     # -------------------------------------------------------------- collecting
     def _collect(self) -> None:
-        """The results thread: apply each task's results; notice dead workers."""
+        """The results thread: apply each task's results; notice dead workers (at
+        least every 0.1 s, busy or not)."""
+        live = dict(self._readers)
+        checked = time.monotonic()
         while not self._closed:
-            try:
-                msg = self._results.get(timeout=0.1)
-            except queue.Empty:
+            if time.monotonic() - checked >= 0.1:
                 self._check_workers()
+                checked = time.monotonic()
+            if not live:
+                time.sleep(0.1)
                 continue
-            except (EOFError, OSError, ValueError):
-                break
-            tid, wid, out = msg
-            if tid == -1:  # worker_init_fn failed: the worker has returned
-                self._fail_worker(wid, _unwrap(out))
-                continue
-            with self._lock:
-                entry = self._pending.pop(tid, None)
-                if entry is not None:
-                    self._load[entry[4]] -= entry[3] - entry[2]
-            if entry is None:
-                continue
-            p, b, lo, hi, _, sent = entry
-            # stage accounting: a task's rows, from sending to results (decode in a worker)
-            p.acct.add_wall(DECODE, time.perf_counter() - sent, hi - lo)
-            _apply(p, b, lo, hi, out)
-            del p, b, entry, out, msg
+            for conn in mp_connection.wait(list(live), timeout=0.1):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):  # the worker is gone: _check_workers says how
+                    del live[conn]
+                    continue
+                self._handle(msg)
+                del msg
+
+    def _handle(self, msg: tuple[int, int, Any]) -> None:
+        """Apply one task's results (the results thread)."""
+        tid, wid, out = msg
+        if tid == -1:  # worker_init_fn failed: the worker has returned
+            self._fail_worker(wid, _unwrap(out))
+            return
+        with self._lock:
+            entry = self._pending.pop(tid, None)
+            if entry is not None:
+                self._load[entry[4]] -= entry[3] - entry[2]
+        if entry is None:
+            return
+        p, b, lo, hi, _, sent = entry
+        # stage accounting: a task's rows, from sending to results (decode in a worker)
+        p.acct.add_wall(DECODE, time.perf_counter() - sent, hi - lo)
+        _apply(p, b, lo, hi, out)
 
     def _check_workers(self) -> None:
         for wid, w in enumerate(self._workers):
@@ -552,9 +574,11 @@ class ProcessStage:
         self._closed = True
         if self._collector is not None and self._collector is not threading.current_thread():
             self._collector.join()
-        for q in self._queues + ([self._results] if self._results is not None else []):
+        for q in self._queues:
             q.cancel_join_thread()
             q.close()
+        for conn in self._readers:
+            conn.close()
         self.buffers.close()
         with _open_lock:
             _open.discard(self)
