@@ -1,8 +1,12 @@
-"""The stage accounting's cost on bench workload (a), side by side with another
-checkout (its parent commit): A B A B, each run in its own process, medians.
+"""The stage accounting's cost on bench workload (a), side by side: A B A B, each
+run in its own process, medians.
 
+    python bench/accounting_overhead.py off src 10        # same tree, accounting off
     git archive <parent> src | tar -x -C /tmp/base
-    python bench/accounting_overhead.py /tmp/base/src src 10
+    python bench/accounting_overhead.py /tmp/base/src src 10   # against another checkout
+
+``off`` runs ``src`` with the accounting's methods replaced by no-ops and no GIL
+probe (done in the measuring process only; the library has no switch for it).
 
 Each run: ImageFolder on the synthetic set (thread reads), AsyncLoader with
 execution="threads", batch 32, a warm-up epoch then two epochs of 640 samples;
@@ -13,6 +17,14 @@ import os
 import statistics
 import subprocess
 import sys
+
+OFF = r'''
+from asyncfeed._engine import accounting as _a, gilprobe as _g
+_a.Accounting.begin = staticmethod(lambda: None)
+_a.Accounting.end = lambda self, stage, t, count=1: t
+_a.Accounting.add_wall = lambda self, stage, seconds, count=1: None
+_g.GilProbe.start = lambda self: None
+'''
 
 ONE = r'''
 import json, os, time
@@ -41,8 +53,11 @@ def main(base: str, new: str, rounds: int) -> None:
     for r in range(rounds):
         order = list(variants.items()) if r % 2 == 0 else list(reversed(variants.items()))
         for name, path in order:
+            code = ONE
+            if path == "off":
+                path, code = new, OFF + ONE
             env = {**os.environ, "PYTHONPATH": os.path.abspath(path)}
-            out = subprocess.run([sys.executable, "-c", ONE], env=env, capture_output=True,
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                  text=True, timeout=600, check=True)
             res[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
     for key in ("rate", "cpu_ms"):
