@@ -533,3 +533,22 @@ def test_image_folder(tmp_path, io):
     dl = DataLoader(oracle, batch_size=4, shuffle=True, generator=gen(2))
     list(dl)
     assert_same_batches(got2, list(dl))
+
+
+class WithNames:
+    """Fixed-shape arrays beside strings and bytes, under a tuple, a dict and a list."""
+
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i: int):
+        x = np.full((3,), i, dtype=np.float32)
+        return (x, f"s{i}", {"name": f"n{i}", "raw": bytes([i]), "pair": [f"a{i}", i]})
+
+
+@pytest.mark.parametrize("num_threads", [1, 3])
+def test_string_columns_keep_default_collates_containers(num_threads):
+    # default_collate gives a tuple of strings under a sequence (its columns come from
+    # zip) and a list under a mapping; the ring path must build the same containers
+    got = assert_parity(WithNames(), batch_size=5, num_threads=num_threads)
+    assert isinstance(got[0][1], tuple) and isinstance(got[0][2]["name"], list)

@@ -166,7 +166,18 @@ class Layout:
         """The batch, structured as ``default_collate`` would build it."""
         if n is not None:
             bufs = [b[:n] for b in bufs]
-        fn_map: dict[type | tuple[type, ...], Callable[..., Any]] = {_Leaf: lambda batch, *, collate_fn_map=None: bufs[batch[0].j]}
+        specs = self.specs
+
+        def leaf(batch: Any, *, collate_fn_map: Any = None) -> Any:
+            # ``batch`` holds this leaf as default_collate would pass its column: a
+            # tuple under a sequence (zip), a list under a mapping; a column of
+            # strings is returned in that same container, as default_collate does
+            j = batch[0].j
+            if specs[j].kind == "list" and isinstance(batch, tuple):
+                return tuple(bufs[j])
+            return bufs[j]
+
+        fn_map: dict[type | tuple[type, ...], Callable[..., Any]] = {_Leaf: leaf}
         return collate([self.skeleton], collate_fn_map=fn_map)
 
 
