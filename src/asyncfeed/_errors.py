@@ -64,13 +64,19 @@ class SampleError(AsyncFeedError):
     names the sample and ends with the original traceback.
     """
 
-    def __init__(self, index: object, source: str | None, cause: BaseException,
-                 batch: int | None = None, traceback: str | None = None,
-                 subject: str | None = None) -> None:
+    def __init__(self, index: object, source: str | None = None,
+                 cause: BaseException | None = None, batch: int | None = None,
+                 traceback: str | None = None, subject: str | None = None) -> None:
+        if cause is None and source is None and isinstance(index, str):
+            # a message alone: how DataLoader's worker processes rebuild an exception
+            # (``exc_type(message)``) when, say, ImageFolder raised one in a worker
+            self._setup(None, None, None, batch, traceback, subject)
+            super().__init__(index)
+            return
         self._setup(index, source, cause, batch, traceback, subject)
         super().__init__(self._message())
 
-    def _setup(self, index: object, source: str | None, cause: BaseException,
+    def _setup(self, index: object, source: str | None, cause: BaseException | None,
                batch: int | None, traceback: str | None, subject: str | None) -> None:
         self.index = index
         self.source = source
@@ -83,7 +89,8 @@ class SampleError(AsyncFeedError):
         where = f" ({self.source})" if self.source else ""
         in_batch = f" in batch {self.batch}" if self.batch is not None else ""
         subject = self.subject or f"sample {self.index}{where}"
-        msg = f"{subject}{in_batch} failed: {describe(self.cause)}"
+        why = describe(self.cause) if self.cause is not None else "unknown error"
+        msg = f"{subject}{in_batch} failed: {why}"
         if self.traceback_text:
             msg += "\nOriginal Traceback (most recent call last):\n" + self.traceback_text
         return msg

@@ -239,6 +239,18 @@ def bad_tree(tmp_path):
     return root
 
 
+def test_a_bad_file_in_a_dataloader_worker_is_a_sample_error_naming_it(bad_tree):
+    # DataLoader re-raises a worker's exception as ``type(e)(message)``: SampleError
+    # must be buildable from a message alone, or users get a bare RuntimeError
+    ds = ImageFolder(bad_tree, size=SIZE)
+    path = ds.samples[1][0]
+    loader = DataLoader(torch.utils.data.Subset(ds, [1]), batch_size=1, num_workers=1)
+    with pytest.raises(SampleError) as exc:
+        next(iter(loader))
+    assert path in str(exc.value) and "in DataLoader worker process 0" in str(exc.value)
+    assert exc.value.index is None and exc.value.cause is None  # only the message crossed
+
+
 def check_sample_error(err: SampleError, index: int, path: str, cause_type) -> None:
     assert isinstance(err, asyncfeed.AsyncFeedError)
     assert err.index == index and err.source == path

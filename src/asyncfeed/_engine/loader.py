@@ -655,7 +655,7 @@ class AsyncLoader(Generic[T_co]):
                 continue  # recorded already
             err = sample_error(self.dataset, idx, e, b.k)
             source = err.source if isinstance(err, SampleError) else None
-            cause = err.cause if isinstance(err, SampleError) else e
+            cause = err.cause if isinstance(err, SampleError) and err.cause is not None else e
             entry = SkippedSample(index=idx, source=source, error=describe(cause),
                                   epoch=self._epoch, batch=b.k)
             self._stats.skipped.append(entry)

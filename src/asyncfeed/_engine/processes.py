@@ -45,7 +45,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -387,7 +387,7 @@ class ProcessStage:
         self._started = False
         self._workers: list[Any] = []
         self._queues: list[Any] = []
-        self._readers: dict[Any, int] = {}   # a worker's result pipe -> its id
+        self._readers: dict[mp_connection.Connection, int] = {}  # result pipe -> worker id
         self._collector: threading.Thread | None = None
         self._ids = itertools.count()
         # task id -> (pipeline, batch, lo, hi, worker)
@@ -471,7 +471,8 @@ class ProcessStage:
             if not live:
                 time.sleep(0.1)
                 continue
-            for conn in mp_connection.wait(list(live), timeout=0.1):
+            for ready in mp_connection.wait(list(live), timeout=0.1):
+                conn = cast(mp_connection.Connection, ready)
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):  # the worker is gone: _check_workers says how
