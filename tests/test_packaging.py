@@ -1,7 +1,7 @@
 """The package's shape as installed: a lean core, extras that say how to get them, types.
 
-* ``import asyncfeed`` imports no optional package (nor OpenCV, Pillow, uvloop and
-  aiofiles, which loading imports on first use: they made the import cost ~80 ms more
+* ``import asyncfeed`` imports no optional package (nor OpenCV, Pillow and uvloop,
+  which loading imports on first use: they made the import cost ~80 ms more
   after ``import torch``; ``bench/import_time.py`` measures it);
 * with an optional package made unimportable (``sys.modules[name] = None`` in a fresh
   interpreter), the feature that needs it raises ``ModuleNotFoundError`` naming the extra;
@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src", "asyncfeed")
 
 #: imported on first use by loading, never by ``import asyncfeed``
-LAZY_CORE = ("cv2", "PIL", "uvloop", "aiofiles")
+LAZY_CORE = ("cv2", "PIL", "uvloop")
 
 
 def _python(code: str, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -182,7 +182,7 @@ def test_extras_hold_what_the_optional_table_says() -> None:
         assert dist in _extra_dists(project, "all"), f"{dist} not in [all]"
         assert dist not in core, f"{dist} is optional ([{extra}]) but a core dependency"
     assert core == {"torch", "numpy", "simplejpeg", "pillow", "opencv-python-headless",
-                    "aiofiles", "uvloop"}
+                    "uvloop"}
 
 
 def test_py_typed_ships() -> None:

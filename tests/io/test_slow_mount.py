@@ -50,4 +50,4 @@ def test_loader_on_the_mount_keeps_many_reads_waiting(image_tree, slow_mount):  
     assert len(got) == len(want)
     for (x, lx), (y, ly) in zip(got, want):
         assert torch.equal(x, y) and torch.equal(lx, ly)
-    assert peak > 8  # more reads waiting at once than aiofiles' 8 executor threads allowed
+    assert peak > 8  # more reads waiting at once than the old aiofiles path's 8 executor threads allowed

@@ -109,7 +109,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def _io_executor(loop: asyncio.AbstractEventLoop, n: int) -> cf.Executor:
-    """The loop's default executor (aiofiles, ``run_in_executor(None, ...)``): a
+    """The loop's default executor (``run_in_executor(None, ...)``: local reads): a
     :class:`WorkerPool` where the loop takes one (uvloop), else a ThreadPoolExecutor
     (asyncio's loop insists on one; its threads cannot be abandoned)."""
     pool: cf.Executor = WorkerPool(n, "asyncfeed-io-file", lazy=True)
@@ -143,7 +143,7 @@ class Runtime:
         self.keepalive: object = None
         if with_loop:
             self.loop = new_event_loop()
-            # aiofiles and run_in_executor use the loop's default executor: make it ours.
+            # run_in_executor(None, ...) uses the loop's default executor: make it ours.
             self._io_pool = _io_executor(self.loop, io_threads)
             started = threading.Event()
             self._loop_thread = threading.Thread(
