@@ -321,7 +321,7 @@ def test_get_worker_info_is_none_as_with_num_workers_0():
 
 
 def test_default_threads_share_the_cores_among_local_ranks(monkeypatch):
-    from asyncfeed._engine.loader import available_cores, default_threads
+    from asyncfeed._engine.resources import available_cores, default_threads
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cores = available_cores()
     assert default_threads() == cores + min(2, cores)

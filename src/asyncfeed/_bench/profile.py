@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from .._engine.accounting import STAGES, Snapshot
-from .._engine.loader import AsyncLoader, available_cores
+from .._engine.loader import AsyncLoader
+from .._engine.resources import available_cores
 from .._engine.progress import window_figures
 
 __all__ = ["load_dataset", "profile", "render"]

@@ -56,7 +56,7 @@ class Bench:
     def default_threads(self) -> int:
         """The thread count ``AsyncLoader`` picks by itself (its default ``num_threads``)."""
         try:
-            from asyncfeed._engine.loader import available_cores
+            from asyncfeed._engine.resources import available_cores
             return int(available_cores())
         except Exception:  # noqa: BLE001 - an older or broken loader: assume the cores
             return self.s.cores

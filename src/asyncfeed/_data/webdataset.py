@@ -303,7 +303,7 @@ def _check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
 
 def _default_rank() -> tuple[int, int]:
     """The loader's rule: torch.distributed's rank and world size, else RANK/WORLD_SIZE."""
-    from .._engine.loader import resolve_ranks
+    from .._engine.resources import resolve_ranks
     return resolve_ranks(None, None)
 
 

@@ -1,0 +1,294 @@
+"""One pass of an :class:`~asyncfeed.AsyncLoader`: the iterator ``iter(loader)`` returns.
+
+It takes finished batches from the pass's pipeline in plan order (or as they
+finish, with ``in_order=False``), records the pass's progress for
+``state_dict()``, turns failed samples into the errors DataLoader raises (or
+skips them), and hands each batch over.  Dropping it stops the pass's threads
+(a finalizer that never waits); ``close()`` stops and joins them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .._errors import AsyncFeedError, LoaderClosedError, is_fatal, rebuild_error
+from .handoff import BatchHandoff, PassState
+from .iterable import IterablePipeline
+from .pipeline import Batch, Pipeline, sample_error
+from .progress import LiveView
+from .runtime import Runtime
+from .state import PassProgress
+
+if TYPE_CHECKING:
+    from .loader import AsyncLoader
+
+
+def _let_go(b: Batch) -> None:
+    """The consumer is done with ``b``'s buffers (delivered, or rows copied out).
+
+    The batch's last decode task may still hold ``b`` for a moment (its thread has
+    not had the GIL back since it finished the batch): ``b`` must not keep the
+    buffers from the host pool once the user drops the batch, neither directly
+    nor through its samples (a batch with failed samples still has its decoded
+    rows there, views of its buffer).
+    """
+    b.output = b.bufs = b.views = None
+    b.samples = [None] * b.n
+
+
+def _shutdown_and_rewind(pipeline: BatchHandoff, runtime: Runtime, loader_ref: Any,
+                         progress: PassProgress) -> None:
+    """Finalizer of a dropped iterator: stop its threads without waiting (any thread
+    may run it) and rewind a user's generator as the pass was cut short."""
+    pipeline.acct.stop(wait=False)
+    pipeline.stop("the iterator was dropped")
+    runtime.close(wait=False)
+    loader = loader_ref()
+    if loader is not None:
+        loader._host_pool.clear()
+        _rewind(loader, progress)
+
+
+def _rewind(loader: AsyncLoader, progress: PassProgress) -> None:
+    """Leave a user's generator where DataLoader would leave it after a pass cut
+    short: prefetching may have drawn further than the batches taken."""
+    if loader.generator is None or "generator_state" not in progress.replay:
+        return
+    plan, _ = loader._plan.start(progress.epoch, progress.replay)
+    with progress.lock:
+        drawn = progress.base + len(progress.taken)
+    for _ in range(drawn):
+        next(plan, None)
+
+
+class _Iterator:
+    """One pass of an :class:`AsyncLoader`.
+
+    Dropping it (``break`` out of the loop) stops its threads; ``close()`` stops
+    and joins them; the loader keeps the pass's position (``progress``) for
+    ``state_dict()`` until its next ``iter()``.  After the loader starts another
+    pass, ``next()`` raises :class:`LoaderClosedError`.  ``next()`` may be called
+    from several threads: the calls are serialised (each batch goes to one caller).
+    """
+
+    def __init__(self, loader: AsyncLoader, pipeline: Pipeline | IterablePipeline,
+                 runtime: Runtime, progress: PassProgress) -> None:
+        self._loader = loader
+        self._p = pipeline
+        self._runtime = runtime
+        self._progress = progress
+        self._next_lock = threading.Lock()
+        self._carry: list[tuple[Any, Any]] = []
+        self._emitted = 0
+        self._last_n = 0                     # samples in the batch just handed out
+        self._view: LiveView | None = None   # progress bar / log lines
+        self._finalizer = weakref.finalize(self, _shutdown_and_rewind, pipeline, runtime,
+                                           weakref.ref(loader), progress)
+        if progress.carry:
+            self._set_carry(self._reload(progress.carry))
+
+    def _set_carry(self, carry: list[tuple[Any, Any]]) -> None:
+        self._carry = carry
+        self._progress.set_carry([idx for idx, _ in carry])
+
+    def _reload(self, indices: list[Any]) -> list[tuple[Any, Any]]:
+        """Load the samples a checkpoint had carried over (skip mode), here and now."""
+        out = []
+        for idx in indices:
+            try:
+                out.append((idx, self._loader.dataset[idx]))
+            except Exception as e:  # noqa: BLE001
+                if self._loader.on_error == "raise":
+                    raise sample_error(self._loader.dataset, idx, e, None)
+        return out
+
+    def _start(self) -> None:
+        self._p.top_up()
+
+    @property
+    def _done(self) -> bool:
+        """The pass ended with the consumer taking every batch."""
+        return self._p.state is PassState.FINISHED
+
+    def __iter__(self) -> _Iterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self) -> Any:
+        with self._next_lock:
+            state = self._p.state
+            if state is PassState.CLOSED:
+                raise LoaderClosedError(f"this iterator is closed: {self._p.close_reason}")
+            if state is PassState.FINISHED:
+                raise StopIteration
+            t0 = time.perf_counter()
+            try:
+                if self._loader.on_error == "skip" and self._loader.in_order \
+                        and not self._loader._iterable:
+                    out = self._next_skipping()
+                else:
+                    out = self._next_plain()
+            except StopIteration:
+                self._progress.done = True
+                self._close(None)
+                raise
+            finally:
+                waited = time.perf_counter() - t0
+                self._loader._stats.wait_s += waited
+            self._p.acct.took(waited, self._last_n)
+            if self._view is not None:
+                self._view.tick()
+            st = self._loader._stats
+            st.batches += 1
+            st.samples += self._last_n
+            if st.path == "":
+                st.path = "collate"
+            return out
+
+    # plain: one planned batch → one delivered batch
+    def _next_plain(self) -> Any:
+        loader = self._loader
+        while True:
+            b = self._take()
+            if b.error is not None:
+                raise _batch_error(loader.dataset, b)
+            if b.failures and b.output is not None:      # iterable stream, skipping
+                loader._record_skips(b)
+            elif b.failures:
+                fatal = [f for f in b.failures if f[2] is not None and is_fatal(f[2])]
+                if loader.on_error == "raise" or fatal:
+                    row, idx, e = fatal[0] if fatal else min(b.failures, key=lambda f: f[0])
+                    assert e is not None
+                    raise sample_error(loader.dataset, idx, e, b.k)
+                loader._record_skips(b)                  # in_order=False: short batch
+                good = b.good_samples_host
+                _let_go(b)
+                if not good:
+                    continue
+                return self._emit([s for _, s in good])
+            return self._deliver(b)
+
+    def _next_skipping(self) -> Any:
+        """in_order with on_error="skip": batch j = the next successful samples."""
+        loader, p = self._loader, self._p
+        if not self._carry:
+            b = self._take()
+            if b.error is not None:
+                raise _batch_error(loader.dataset, b)
+            if not b.failures:
+                self._emitted += 1
+                return self._deliver(b)
+            loader._record_skips(b)
+            self._set_carry(self._carry + b.good_samples_host)
+            _let_go(b)
+        target = (loader.batch_size or 1) if loader._plan.user_batch_sampler is None \
+            else p.sizes[min(self._emitted, len(p.sizes) - 1)]
+        while len(self._carry) < target:
+            try:
+                b = self._take(want_rows=True)
+            except StopIteration:
+                break
+            if b.error is not None:
+                raise _batch_error(loader.dataset, b)
+            loader._record_skips(b)
+            self._set_carry(self._carry + b.good_samples_host)
+            _let_go(b)
+        if not self._carry:
+            raise StopIteration
+        chunk = self._carry[:target]
+        self._set_carry(self._carry[target:])
+        if len(chunk) < target and loader.drop_last and loader.batch_size is not None:
+            self._set_carry([])
+            raise StopIteration
+        self._emitted += 1
+        return self._emit([s for _, s in chunk])
+
+    def _take(self, want_rows: bool = False) -> Batch:
+        """The next batch from the pipeline, its credit returned; StopIteration at the end.
+
+        With ``want_rows`` (or when samples failed) the successful samples are
+        copied out as ``b.good_samples_host`` before the batch's slot is reused.
+        """
+        loader, p = self._loader, self._p
+        while True:
+            k = p.taken if loader.in_order else None
+            b = p.wait(k, loader.timeout)
+            if b is None:
+                raise StopIteration
+            end = (b.indices[-1] + 1 if b.indices else None) if loader._iterable else None
+            self._progress.took(b.k, b.n, end)
+            if b.n or b.error is not None:
+                break
+            p.release(b)
+            p.top_up()
+        # rows must be copied out of a pinned slot before the slot is reused
+        if b.error is None and (want_rows or (b.failures and b.output is None)):
+            b.good_samples_host = p.good_samples(b)
+        p.release(b)
+        p.top_up()
+        if p.exhausted:
+            # nothing left to plan: keep only the free buffers the batches still
+            # waiting for their first row will take
+            loader._host_pool.trim(p.unstarted())
+        if loader._layouts.layout is not None and loader._stats.path in ("", "collate"):
+            loader._stats.path = "ring" if b.mode == "ring" else loader._stats.path
+        if b.mode == "batch":
+            loader._stats.path = "batch"
+        return b
+
+    def _deliver(self, b: Batch) -> Any:
+        self._last_n = b.n - len(b.failures)  # an iterable's skipped samples had a row number
+        if self._p.copy is not None and b.event is not None:
+            self._p.copy.hand_over(b.output, b.event)
+        out = b.output
+        _let_go(b)
+        return out
+
+    def _emit(self, samples: list[Any]) -> Any:
+        """Collate samples in this thread (the slow path, after a skip)."""
+        p = self._p
+        self._last_n = len(samples)
+        out, event = p.to_target(p.collate(samples))
+        if p.copy is not None:
+            p.copy.hand_over(out, event)
+        return out
+
+    # ---------------------------------------------------------------- closing
+    def _close(self, reason: str | None) -> None:
+        """Stop this pass and join its threads (``reason`` None: it simply ended)."""
+        self._p.acct.stop()
+        if self._view is not None:
+            self._view.close()
+        if reason is None:
+            self._p.finish()
+        else:
+            self._p.stop(reason)
+        self._runtime.close(wait=True, reason=reason or "the pass ended")
+        # a pass's batch memory goes with it (batches still held keep theirs)
+        self._loader._host_pool.clear()
+        if self._finalizer.detach() is not None and not self._done:
+            _rewind(self._loader, self._progress)
+
+    def close(self) -> None:
+        """Stop this pass early. Idempotent."""
+        self._close("closed")
+
+
+def _batch_error(dataset: Any, b: Batch) -> BaseException:
+    """What the consumer raises for a batch-level error: a sampler's error as it is;
+    a ``__getitems__`` or ``collate_fn`` error as an exception of its type that is
+    also a :class:`SampleError` naming the batch."""
+    e = b.error
+    assert e is not None
+    if isinstance(e, AsyncFeedError) or is_fatal(e) or b.mode == "plan":
+        return e
+    if b.mode == "batch":
+        return rebuild_error(e, b.indices, None, b.k)
+    shown = f"{b.indices[:8]}{'...' if b.n > 8 else ''}"
+    return rebuild_error(e, b.indices, None, b.k,
+                         subject=f"collating (indices {shown})")
