@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from .._errors import AsyncFeedError, WorkerCrashedError
+from .._memory.hostpool import buffers_over
 from .accounting import DECODE
 from .layout import _PY_SCALARS, Layout, LayoutMismatch
 
@@ -118,7 +119,7 @@ class ShmBuffers:
                 self._layout, self._rows = layout, rows
             for path, storages in self._kept:
                 if all(st is None or _use_count(st._cdata) == 1 for st in storages):
-                    return self._views(layout, storages), path
+                    return buffers_over(layout, storages, self._rows), path
             return self._allocate(layout)
 
     def _allocate(self, layout: Layout) -> tuple[list[Any], str]:
@@ -148,17 +149,6 @@ class ShmBuffers:
         key = next((b.data_ptr() for b in bufs if isinstance(b, torch.Tensor)), 0)
         with self._lock:
             return self._paths.get(key)
-
-    def _views(self, layout: Layout, storages: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        for spec, st in zip(layout.specs, storages):
-            if st is None:
-                out.append([None] * self._rows)
-            else:
-                t = torch.empty(0, dtype=spec.dtype)
-                # torch's stub lacks set_(UntypedStorage, offset, size), which it takes
-                out.append(t.set_(st, 0, (self._rows, *spec.shape)))  # type: ignore[call-overload]
-        return out
 
     def _forget_all(self) -> None:
         self._kept = []

@@ -57,7 +57,7 @@ class HostBufferPool:
             for storages in self._kept:
                 if _free(storages):
                     self.reused += 1
-                    return self._views(layout, storages)
+                    return buffers_over(layout, storages, self._rows)
             bufs = layout.allocate(self._rows, pin=self.pin)
             self.allocated += 1
             if len(self._kept) < self.capacity:
@@ -65,16 +65,6 @@ class HostBufferPool:
                                    for b in bufs])
             return bufs
 
-    def _views(self, layout: Layout, storages: list[torch.UntypedStorage | None]) -> list[Any]:
-        out: list[Any] = []
-        for spec, st in zip(layout.specs, storages):
-            if st is None:
-                out.append([None] * self._rows)
-            else:
-                t = torch.empty(0, dtype=spec.dtype)
-                # torch's stub lacks set_(UntypedStorage, offset, size), which it takes
-                out.append(t.set_(st, 0, (self._rows, *spec.shape)))  # type: ignore[call-overload]
-        return out
 
     def trim(self, keep_free: int) -> None:
         """Forget the free kept buffers beyond ``keep_free`` of them (those in use stay)."""
@@ -92,3 +82,17 @@ class HostBufferPool:
         """Forget every kept buffer (their memory goes once nobody else holds it)."""
         with self._lock:
             self._kept = []
+
+
+def buffers_over(layout: Layout, storages: list[Any], rows: int) -> list[Any]:
+    """A batch's buffers for ``layout`` (``rows`` rows) over existing storages: a tensor
+    per leaf over its storage, a fresh list for a leaf kept as a list (``None``)."""
+    out: list[Any] = []
+    for spec, st in zip(layout.specs, storages):
+        if st is None:
+            out.append([None] * rows)
+        else:
+            t = torch.empty(0, dtype=spec.dtype)
+            # torch's stub lacks set_(UntypedStorage, offset, size), which it takes
+            out.append(t.set_(st, 0, (rows, *spec.shape)))  # type: ignore[call-overload]
+    return out
