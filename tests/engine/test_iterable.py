@@ -53,7 +53,7 @@ class SplitStream(IterableDataset):
         self.iter_raw_calls += 1
         return _RawIter(self)
 
-    def decode(self, raw):
+    def decode(self, raw, index=None):
         i = int.from_bytes(raw, "little")
         with self._lock:
             self.decode_threads.add(threading.current_thread().name)
