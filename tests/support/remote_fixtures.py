@@ -24,7 +24,8 @@ import pytest
 import simplejpeg
 from aiohttp import web
 
-from asyncfeed._bench.httpserve import DirectoryServer, Fault, ThreadedHTTPServer  # noqa: E402
+from asyncfeed._bench.httpserve import (DirectoryServer, Fault, ThreadedHTTPServer, forward,
+                                        relayed)  # noqa: E402
 
 __all__ = ["CLASSES", "S3Proxy", "fast_source", "http_server", "image_tree", "make_image_tree", "s3_client",
            "moto_endpoint", "s3_bucket", "s3_options", "s3_proxy", "s3_tree", "slowdown_xml", "write_jpeg"]
@@ -140,9 +141,6 @@ def slowdown_xml() -> str:
             "<Message>Please reduce your request rate.</Message><RequestId>1</RequestId></Error>")
 
 
-_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "content-encoding", "date", "server"}
 
 
 class S3Proxy(ThreadedHTTPServer):
@@ -175,24 +173,11 @@ class S3Proxy(ThreadedHTTPServer):
                       fault: Fault | None) -> web.StreamResponse:
         if self._session is None:
             self._session = aiohttp.ClientSession(auto_decompress=False)
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        async with self._session.request(request.method, self.target + request.raw_path,
-                                          headers=headers, data=body,
-                                          allow_redirects=False) as r:
-            data = await r.read()
-            status = r.status
-            length = r.headers.get("Content-Length")
-            out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
+        status, out, length, data = await forward(self._session, self.target, request)
         if (fault is not None and fault.kind in ("stall", "drop") and request.method == "GET"
                 and status in (200, 206)):
             return await self._broken(request, data, fault)
-        if request.method == "HEAD":
-            resp = web.Response(status=status, headers=out)
-            if length is not None:
-                resp.headers["Content-Length"] = length
-            return resp
-        return web.Response(status=status, headers=out, body=data)
+        return relayed(request, status, out, length, data)
 
     async def _on_close(self) -> None:
         if self._session is not None:

@@ -34,6 +34,8 @@ from aiohttp import web
 if TYPE_CHECKING:
     import argparse
 
+    import aiohttp
+
 FaultKind = Literal["status", "stall", "drop", "delay"]
 
 
@@ -451,6 +453,40 @@ def serve_directory(root: str | os.PathLike[str], latency: float = 0.02,
     """
     with DirectoryServer(root, latency=latency, host=host, port=port) as server:
         yield server.url
+
+
+
+# headers a proxy does not pass on: hop-by-hop ones, and those the relaying
+# response sets itself (aiohttp writes its own length, encoding, date and server)
+HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate",
+                         "proxy-authorization", "te", "trailers", "transfer-encoding",
+                         "upgrade", "host", "content-length", "content-encoding", "date",
+                         "server"})
+
+
+async def forward(session: aiohttp.ClientSession, target: str,
+                  request: web.BaseRequest) -> tuple[int, dict[str, str], str | None, bytes]:
+    """Send ``request`` on to ``target`` (same method, path, query and body); returns
+    the answer's status, end-to-end headers, declared Content-Length and body."""
+    body = await request.read()
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+    async with session.request(request.method, target + request.raw_path, headers=headers,
+                               data=body, allow_redirects=False) as r:
+        data = await r.read()
+        out = {k: v for k, v in r.headers.items() if k.lower() not in HOP_HEADERS}
+        return r.status, out, r.headers.get("Content-Length"), data
+
+
+def relayed(request: web.BaseRequest, status: int, headers: dict[str, str],
+            length: str | None, data: bytes) -> web.Response:
+    """The response that passes a forwarded answer back (a HEAD keeps the upstream's
+    Content-Length without a body)."""
+    if request.method == "HEAD":
+        resp = web.Response(status=status, headers=headers)
+        if length is not None:
+            resp.headers["Content-Length"] = length
+        return resp
+    return web.Response(status=status, headers=headers, body=data)
 
 
 def add_tail_arguments(ap: argparse.ArgumentParser) -> None:

@@ -182,16 +182,11 @@ def upload(root: str, endpoint: str) -> int:
     return n
 
 
-_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "content-encoding", "date", "server"}
-
-
 def _s3_proxy_class() -> type:
     import aiohttp
     from aiohttp import web
 
-    from .httpserve import ThreadedHTTPServer
+    from .httpserve import ThreadedHTTPServer, forward, relayed
 
     class S3TailProxy(ThreadedHTTPServer):
         """Forwards every request to moto after the latency model's wait; refusals are
@@ -211,20 +206,7 @@ def _s3_proxy_class() -> type:
             if self._session is None:
                 self._session = aiohttp.ClientSession(
                     auto_decompress=False, connector=aiohttp.TCPConnector(limit=256))
-            body = await request.read()
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-            async with self._session.request(request.method, self.target + request.raw_path,
-                                              headers=headers, data=body,
-                                              allow_redirects=False) as r:
-                data = await r.read()
-                out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
-                status, length = r.status, r.headers.get("Content-Length")
-            if request.method == "HEAD":
-                resp = web.Response(status=status, headers=out)
-                if length is not None:
-                    resp.headers["Content-Length"] = length
-                return resp
-            return web.Response(status=status, headers=out, body=data)
+            return relayed(request, *await forward(self._session, self.target, request))
 
         async def _on_close(self) -> None:
             if self._session is not None:
