@@ -31,7 +31,8 @@ import os
 import sys
 import threading
 import time
-import weakref
+
+from .exithooks import OpenSet
 
 __all__ = ["GilProbe", "REPEATS"]
 
@@ -40,22 +41,14 @@ REPEATS = 3
 #: the pause between them: time for a thread woken by our release to take the GIL
 GAP_S = 0.001
 
-_open: weakref.WeakSet[GilProbe] = weakref.WeakSet()
-_open_lock = threading.Lock()
 
 
-def _close_all_at_exit() -> None:
-    with _open_lock:
-        probes = list(_open)
+def _close_all_at_exit(probes: list[GilProbe]) -> None:
     for p in probes:
         p.close()
 
 
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_close_all_at_exit)
-else:  # pragma: no cover
-    import atexit
-    atexit.register(_close_all_at_exit)
+_open: OpenSet[GilProbe] = OpenSet(_close_all_at_exit)
 
 
 def _own_run_delay(fd: int | None) -> float:
@@ -92,8 +85,7 @@ class GilProbe:
             self._thread = threading.Thread(target=self._run, name="asyncfeed-gilprobe",
                                             daemon=False)
             self._thread.start()
-        with _open_lock:
-            _open.add(self)
+        _open.add(self)
 
     def _run(self) -> None:
         try:
@@ -135,5 +127,4 @@ class GilProbe:
             thread = self._thread
         if wait and thread is not None and thread is not threading.current_thread():
             thread.join()
-        with _open_lock:
-            _open.discard(self)
+        _open.discard(self)

@@ -43,7 +43,6 @@ import signal
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -54,6 +53,7 @@ from .._errors import AsyncFeedError, WorkerCrashedError
 from .._memory.hostpool import buffers_over
 from .accounting import DECODE
 from .layout import _PY_SCALARS, Layout, LayoutMismatch
+from .exithooks import OpenSet
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import Batch, Pipeline
@@ -274,8 +274,7 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
     from torch.utils.data._utils import worker as tw
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the loader's process handles ^C
-    with _open_lock:  # a forked worker inherits the loader's stages: not its to close
-        _open.clear()
+    _open.clear()  # a forked worker inherits the loader's stages: not its to close
     seed = _seed_like_dataloader(base_seed, worker_id)
     tw._worker_info = tw.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
                                     dataset=dataset)
@@ -323,22 +322,13 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
 
 
 # ------------------------------------------------------------------ the stage
-_open: weakref.WeakSet[ProcessStage] = weakref.WeakSet()
-_open_lock = threading.Lock()
-
-
-def _close_all_at_exit() -> None:
-    with _open_lock:
-        stages = [st for st in _open if st.owner_pid == os.getpid()]
+def _close_all_at_exit(stages: list[ProcessStage]) -> None:
     for st in stages:
-        st.close()
+        if st.owner_pid == os.getpid():
+            st.close()
 
 
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_close_all_at_exit)
-else:  # pragma: no cover
-    import atexit
-    atexit.register(_close_all_at_exit)
+_open: OpenSet[ProcessStage] = OpenSet(_close_all_at_exit)
 
 
 def resolve_context(context: Any) -> Any:
@@ -397,8 +387,7 @@ class ProcessStage:
             if self._started or self._closing:
                 return
             self._started = True
-            with _open_lock:
-                _open.add(self)
+            _open.add(self)
             for wid in range(self.num_workers):
                 q = self.ctx.Queue()
                 reader, writer = self.ctx.Pipe(duplex=False)
@@ -571,8 +560,7 @@ class ProcessStage:
         for conn in self._readers:
             conn.close()
         self.buffers.close()
-        with _open_lock:
-            _open.discard(self)
+        _open.discard(self)
 
 
 def _unwrap(wrapper: Any) -> BaseException:

@@ -24,6 +24,7 @@ from typing import Any
 
 from .taskpool import TaskPool
 from .workers import WorkerPool, abandon, join_until
+from .exithooks import OpenSet
 
 
 def _find_omp_set_num_threads() -> Callable[[int], None] | None:
@@ -68,10 +69,6 @@ def one_intraop_thread() -> None:
     _omp_set_num_threads(1)
 
 
-_open: weakref.WeakSet[Runtime] = weakref.WeakSet()
-_open_lock = threading.Lock()
-
-
 #: How long ``close()`` waits for a thread still in a call before abandoning it.
 CLOSE_GRACE_S = 1.0
 #: The same at interpreter exit: the process exits this long after its last statement
@@ -79,9 +76,7 @@ CLOSE_GRACE_S = 1.0
 EXIT_GRACE_S = 0.5
 
 
-def _close_all_at_exit() -> None:
-    with _open_lock:
-        runtimes = list(_open)
+def _close_all_at_exit(runtimes: list[Runtime]) -> None:
     for rt in runtimes:  # stop them all first, so their grace periods overlap
         rt.close(wait=False, reason="the interpreter is exiting")
     deadline = time.monotonic() + EXIT_GRACE_S
@@ -89,13 +84,7 @@ def _close_all_at_exit() -> None:
         rt.close(wait=True, grace=max(0.0, deadline - time.monotonic()))
 
 
-# Runs before the interpreter joins non-daemon threads (plain atexit runs after,
-# too late: exit would hang on our threads).  concurrent.futures uses the same hook.
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_close_all_at_exit)
-else:  # pragma: no cover
-    import atexit
-    atexit.register(_close_all_at_exit)
+_open: OpenSet[Runtime] = OpenSet(_close_all_at_exit)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -150,8 +139,7 @@ class Runtime:
                 target=self._run_loop, args=(started,), name="asyncfeed-io", daemon=False)
             self._loop_thread.start()
             started.wait()
-        with _open_lock:
-            _open.add(self)
+        _open.add(self)
 
     @property
     def closed(self) -> bool:
@@ -251,8 +239,7 @@ class Runtime:
                 self._io_pool.join(deadline)
         for t in join_until(self.pool.threads, deadline):
             abandon(t)
-        with _open_lock:
-            _open.discard(self)
+        _open.discard(self)
 
     def __enter__(self) -> Runtime:
         return self
