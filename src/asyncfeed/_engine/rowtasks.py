@@ -15,6 +15,7 @@ once) and reports its rows, wall and CPU time to the loader's
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -107,20 +108,27 @@ def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
     its last.  Returns at once when the pass is stopping."""
     if p.stopping:
         return
+    done = _gated(p, _rows, p, b, lo, hi)
+    if done == hi - lo:
+        rows_done(p, b, lo, hi)
+
+
+def _gated(p: Pipeline, load: Callable[..., int], *args: Any) -> int:
+    """``load(*args)`` (it returns the rows it loaded) through the pass's gate, its
+    rows, wall and thread CPU time reported to the tuner."""
     gate = p.gate
     if gate is not None:
         gate.enter()
     try:
         t0, c0 = time.perf_counter(), time.thread_time()
-        done = _rows(p, b, lo, hi)
+        done = load(*args)
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     finally:
         if gate is not None:
             gate.leave()
     if p.tuner is not None:
         p.tuner.record(done, wall, cpu)
-    if done == hi - lo:
-        rows_done(p, b, lo, hi)
+    return done
 
 
 def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
@@ -202,15 +210,9 @@ def run_sample(p: Pipeline, b: Batch, row: int, idx: Any, raw: Any) -> None:
     """One fetched sample's decode (a decode-pool task), gated and measured."""
     if p.stopping:
         return
-    gate = p.gate
-    if gate is not None:
-        gate.enter()
-    try:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        p._run_sample(b, row, idx, raw)
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    finally:
-        if gate is not None:
-            gate.leave()
-    if p.tuner is not None:
-        p.tuner.record(1, wall, cpu)
+    _gated(p, _one_sample, p, b, row, idx, raw)
+
+
+def _one_sample(p: Pipeline, b: Batch, row: int, idx: Any, raw: Any) -> int:
+    p._run_sample(b, row, idx, raw)
+    return 1
