@@ -248,6 +248,41 @@ def _windows(t: Tuner, rate_at, busy_at, n: int, row_s: float) -> None:
             t.record(rows, dt, busy_at(k) * dt, now=clock)
 
 
+def _threaded_windows(t: Tuner, delay: list[float], rate: float, queued_at, n: int,
+                      row_s: float) -> None:
+    """``n`` windows of the running threads (``t.limit``) all busy, one core's worth
+    of CPU among them, and ``queued_at(k)`` of each thread's off-core time spent
+    in the run queue (added to the cumulative ``delay`` the tuner reads)."""
+    clock = 0.0
+    for _ in range(n):
+        k = t.limit
+        for _ in range(4):
+            dt = WINDOW_S / 4 * 1.01
+            clock += dt
+            for _ in range(k):  # k tasks side by side, each as long as the step
+                t.row_cost_s = row_s
+                delay[0] += queued_at(k) * dt * (1 - 1 / k)
+                t.record(max(1, int(rate * dt / k)), dt, dt / k, now=clock)
+
+
+def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
+    """Where the scheduler's run-queue delay is read, threads that are off their
+    core but not queued for one wait for the GIL; queued ones wait for a core."""
+    for queued, bound in ((0.0, True), (1.0, False)):
+        delay = [0.0]
+        t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
+        t.gate_for_pass(run_delay=lambda: delay[0])
+        _threaded_windows(t, delay, 2500.0, lambda k: queued, 20, row_s=4e-3)
+        assert (t.gil_bound is not None) is bound, (queued, t.gil_bound, t.moves)
+        if bound:
+            assert "75% of it waiting" in t.gil_bound
+        assert t.limit < 4  # fewer threads did as much either way
+    unknown = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
+    unknown.gate_for_pass(run_delay=lambda: None)  # no scheduler figures: the idle CPU
+    _windows(unknown, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
+    assert unknown.gil_bound is not None
+
+
 def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():
     gil = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
     gil.gate_for_pass()

@@ -287,14 +287,27 @@ def test_analyse_blames_the_fullest_resource(stages, wait, verdict):
     assert "docs/observability.md#" + verdict in text
 
 
-def test_analyse_says_gil_when_the_probe_found_it_taken():
-    stages = snap(decode=(100, 36.0, 9.0))
+def test_analyse_says_gil_when_the_threads_waited_off_core_and_off_the_run_queue():
+    stages = snap(decode=(100, 36.0, 9.0))  # 4 threads busy, about one core of CPU
     base = dict(elapsed_s=10.0, stages=stages, process_cpu_s=10.0, wait_s=5.0, batches=100,
-                resources=THREADS, gil_probes=1000)
+                resources=THREADS, gil_probes=1000, gil_wait_s=1000 * 0.0002)
+    held = Snapshot(**base, cpu_threads_run_delay_s=0.0)     # not queued: the GIL
+    queued = Snapshot(**base, cpu_threads_run_delay_s=27.0)  # queued for a core
+    assert gil_share(held, 2) == pytest.approx(0.75) and analyse(held, 2).bottleneck == "gil"
+    assert gil_share(queued, 2) == 0.0 and analyse(queued, 2).bottleneck == "decode"
+
+
+def test_analyse_says_gil_when_the_probe_found_it_taken():
+    """One thread running Python all the time waits for nobody (share 0), but the
+    probe waits for it: the pressure makes the verdict."""
+    stages = snap(decode=(100, 10.0, 9.5))
+    base = dict(elapsed_s=10.0, stages=stages, process_cpu_s=10.0, wait_s=5.0, batches=100,
+                resources=(Resource("threads", (DECODE, ASSEMBLE), 1),),
+                cpu_threads_run_delay_s=0.5, gil_probes=1000)
     held = Snapshot(**base, gil_wait_s=1000 * 0.005)
     free = Snapshot(**base, gil_wait_s=1000 * 0.0002)
-    assert analyse(held, 2).bottleneck == "gil" and gil_share(held, 2) == pytest.approx(0.75)
-    assert analyse(free, 2).bottleneck == "decode" and gil_share(free, 2) < 0.1
+    assert gil_share(held, 2) == 0.0 and analyse(held, 2).bottleneck == "gil"
+    assert analyse(free, 2).bottleneck == "decode"
 
 
 def test_slow_consumer_is_the_bottleneck():

@@ -32,6 +32,9 @@ thread-count controller); small on purpose:
   is the window between two snapshots; :func:`analyse` turns a snapshot or a
   window into an :class:`Analysis` (gil share, busy threads, per-resource load,
   the bottleneck).
+- ``acct.threads_run_delay()``: the decode threads' run-queue delay so far,
+  which the adaptive thread count reads once per window to tell threads that
+  wait for the GIL from threads that wait for a core.
 
 Cost: two clock reads per stage boundary and a few list updates, about 1 us per
 boundary; nothing is allocated or locked per sample.
@@ -56,7 +59,8 @@ VERDICTS = ("consumer", "fetch", "decode", "gil", "h2d")
 
 #: the consumer waited less than this share of the time: the loader is ahead
 CONSUMER_MAX_WAIT = 0.10
-#: the GIL probe waited at least this share of a switch interval on average: Python
+#: the decode threads lost at least this share of their busy time to the GIL, or the
+#: GIL probe waited at least this share of a switch interval on average: Python
 #: holds the GIL, and decode work that is the bottleneck is GIL-bound
 GIL_MIN = 0.15
 
@@ -240,6 +244,23 @@ class Accounting:
         self.probe.close(wait=wait)
 
     # ------------------------------------------------------------------ reading
+    def threads_run_delay(self) -> float | None:
+        """The run-queue delay (seconds) the threads that ran ``decode`` or
+        ``assemble`` have had since they first recorded, summed; None where the
+        scheduler does not say.  Any thread; reads one small procfs file per
+        such thread (the adaptive thread count calls it once per window)."""
+        with self._lock:
+            accs = list(self._accs)
+        total = 0.0
+        for a in accs:
+            if a.timed[DECODE] or a.timed[ASSEMBLE]:
+                d = _run_delay(a.tid)
+                if d is None or a.delay0 is None:
+                    return None
+                a.delay = d
+                total += d - a.delay0
+        return total
+
     def snapshot(self) -> Snapshot:
         """Cumulative figures since the pass started (any thread; cheap: sums a few
         lists and reads one small procfs file per thread that ran CPU stages)."""
@@ -315,13 +336,19 @@ def gil_share(s: Snapshot, cores: int) -> float:
 
     Over the ``decode`` and ``assemble`` stages (the thread stages that do not
     block in I/O): their wall time minus their CPU time is time the threads were
-    not running, for want of a core or of the GIL.  The GIL probe says how
-    contended the GIL was (its ``pressure``: 0 when the GIL was there for the
-    taking, 1 when a taker always waited a full switch interval, see
-    :mod:`.gilprobe`); the share is the smaller of the two.  Before the probe has sampled (a window under
-    20 ms), the not-running time less the scheduler's run-queue delay, scaled
-    by the process's CPU rate in cores (at most 1: a thread waits for the GIL
-    only while another runs holding it), stands in.
+    not running.  Less the time they spent runnable but waiting for a core (the
+    scheduler's run-queue delay of those threads, ``/proc/self/task/*/schedstat``;
+    where it cannot be read, the wall time beyond what the cores could run), the
+    rest is time they were blocked: on the GIL, which another thread held.  A
+    thread waits for the GIL only while another runs, so the share is scaled by
+    the process's CPU rate in cores when that is under 1 (threads blocked in I/O
+    inside ``__getitem__`` with nothing running are not read as GIL).
+
+    Wrong where: one thread runs Python all the time (nobody waits for it: near
+    0, though more threads would not help; the GIL probe's ``pressure`` covers
+    that case in :func:`analyse`); ``__getitem__`` blocks in I/O while other
+    threads run Python (reads as GIL); the scheduler's figures are missing (a
+    coarse bound stands in for the run-queue delay).
     """
     busy = cpu = 0.0
     for name in ("decode", "assemble"):
@@ -332,9 +359,6 @@ def gil_share(s: Snapshot, cores: int) -> float:
     if busy <= 0 or s.elapsed_s <= 0:
         return 0.0
     off = max(0.0, busy - cpu)
-    pressure = GilProbe.pressure(s.gil_wait_s, s.gil_probes)
-    if pressure is not None:
-        return min(off / busy, pressure)
     delay = s.cpu_threads_run_delay_s
     if delay is None:
         delay = max(0.0, busy - cores * s.elapsed_s)
@@ -353,11 +377,11 @@ def analyse(s: Snapshot, cores: int) -> Analysis:
     ``CONSUMER_MAX_WAIT`` of the time; otherwise the resource with the highest
     load (busy time over capacity x elapsed) is blamed, as the stage that spent
     the most time in it: ``fetch`` -> ``"fetch"``, ``h2d`` -> ``"h2d"``,
-    ``decode``/``assemble`` -> ``"gil"`` when the GIL's pressure (the probe's
-    reading, which ``gil_share`` never exceeds) is at least ``GIL_MIN``, else
-    ``"decode"``.  The pressure, not the share, decides: one thread running
-    Python all the time waits for nobody (share near 0), but more threads
-    would not help it.
+    ``decode``/``assemble`` -> ``"gil"`` when the GIL share or the GIL's
+    pressure (the probe's reading) is at least ``GIL_MIN``, else ``"decode"``.
+    The share sees threads that wait for each other; the pressure sees one
+    thread running Python all the time, which waits for nobody (share near 0)
+    but which more threads would not help.
     """
     elapsed = max(s.elapsed_s, 1e-9)
     g = gil_share(s, cores)

@@ -14,6 +14,13 @@ wall time and thread CPU time; over short windows the tuner computes the rate
 * up (never past the pool's size) when the threads allowed are all busy --
   kept only if the rate rises by at least 5%.
 
+A probe down that is kept while about one core was ever busy, with the threads
+spending at least ``GIL_WAIT`` of their task time neither running nor queued
+for a core (the decode threads' run-queue delay, from the scheduler, is
+subtracted: on a machine other processes load, waiting for a core is not the
+GIL), marks the per-sample function as holding the GIL (``gil_bound``): the
+loader's ``execution="auto"`` then moves it to worker processes.
+
 A probe that fails is undone and the next probe waits twice as many windows
 (2, 4, ... 64): decisions are damped, never oscillate faster than that, and
 are logged at debug level on the ``asyncfeed`` logger.  The tuner belongs to
@@ -44,9 +51,13 @@ BUSY = 0.7             # share of the allowed cores the tasks must keep busy to 
 MAX_BACKOFF = 64
 WINDOWS_PER_SIDE = 2   # windows averaged for each rate a decision compares
 GIL_CORES = 1.3            # at most this many cores busy, whatever the threads: the GIL
+GIL_MIN_CORES = 0.5        # ... and at least this many: something holds the GIL (not I/O)
+GIL_WAIT = 0.2             # share of the tasks' wall time spent neither running nor
+                           # waiting for a core (so: waiting for the GIL) with more threads
 PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a process hop
-IDLE_SHARE = 0.25          # the machine must have had this share of its CPU idle: threads
-                           # that wait for a core (others load it) are not held by the GIL
+IDLE_SHARE = 0.25          # where run-queue delay cannot be read: the machine must have had
+                           # this share of its CPU idle (threads that wait for a core
+                           # because others load it are not held by the GIL)
 
 
 class Gate:
@@ -94,6 +105,11 @@ class Tuner:
         # cumulative (idle, total) CPU time of the whole machine, in any unit
         self._machine_idle = machine_idle if machine_idle is not None else read_machine_idle
         self._idle_at_start: tuple[float, float] | None = None
+        # cumulative run-queue delay of the decode threads (seconds; None: unknown),
+        # given per pass by gate_for_pass
+        self._run_delay: Callable[[], float | None] | None = None
+        self._delay_at_start: float | None = None
+        self._warming = False
         self.cores = max(1, cores)
         self.adaptive = adaptive and size > 1
         self.limit = size
@@ -105,23 +121,33 @@ class Tuner:
         self._w_start: float | None = None
         self._w_rows = 0
         self._w_cpu = 0.0
+        self._w_wall = 0.0
         self._w_tasks = 0
         self._changed_at = 0.0   # tasks started before the last change do not count
-        self._seen: list[tuple[float, float, float]] = []  # (rate, cores busy, idle share)
-        # (limit, rate, cores busy, machine idle share) before the probe
-        self._probe: tuple[int, float, float, float] | None = None
+        # per window: (rate, cores busy, GIL wait share or None, machine idle share or None)
+        self._seen: list[tuple[float, float, float | None, float | None]] = []
+        # (limit, rate, cores busy, GIL wait share, machine idle share) before the probe
+        self._probe: tuple[int, float, float, float | None, float | None] | None = None
         # why the per-sample function was found to hold the GIL (None: not found so)
         self.gil_bound: str | None = None
         self._hold = 0
         self._backoff = 2
 
     # ------------------------------------------------------------------ passes
-    def gate_for_pass(self) -> Gate | None:
-        """A fresh gate at the current limit (None when nothing adapts)."""
+    def gate_for_pass(self, run_delay: Callable[[], float | None] | None = None
+                      ) -> Gate | None:
+        """A fresh gate at the current limit (None when nothing adapts).
+
+        ``run_delay``: reads the cumulative run-queue delay (seconds) of the pass's
+        decode threads, or None where the scheduler does not say (see
+        ``Accounting.threads_run_delay``); without it the GIL test falls back on
+        the machine's idle CPU."""
         with self._lock:
+            self._run_delay = run_delay
+            self._warming = True  # a pass's first window (threads starting) is not used
             self._w_start = None
             self._w_rows = self._w_tasks = 0
-            self._w_cpu = 0.0
+            self._w_cpu = self._w_wall = 0.0
             self._probe = None
             self._seen = []
             self._gate = Gate(self.limit) if self.adaptive else None
@@ -148,17 +174,40 @@ class Tuner:
                 return  # started under the previous limit
             if self._w_start is None:
                 self._w_start = max(now - wall, self._changed_at)
-                self._idle_at_start = self._machine_idle()
+                self._start_readings()
             self._w_rows += rows
             self._w_cpu += cpu
+            self._w_wall += wall
             self._w_tasks += 1
             span = now - self._w_start
             if span < WINDOW_S or self._w_tasks < MIN_TASKS:
                 return
             rate, used = self._w_rows / span, self._w_cpu / span
-            idle = self._idle_share()
-            self._w_start, self._w_rows, self._w_cpu, self._w_tasks = now, 0, 0.0, 0
-            self._decide(rate, used, now, idle)
+            gil = self._gil_wait_share(self._w_wall, self._w_cpu)
+            idle = self._idle_share() if gil is None else None
+            self._w_start, self._w_rows, self._w_tasks = now, 0, 0
+            self._w_cpu = self._w_wall = 0.0
+            if self._warming:
+                self._warming = False
+                return
+            self._decide(rate, used, now, idle, gil)
+
+    def _start_readings(self) -> None:
+        """Read the counters a window's GIL test compares (at its start)."""
+        self._delay_at_start = self._run_delay() if self._run_delay is not None else None
+        self._idle_at_start = self._machine_idle() if self._delay_at_start is None else None
+
+    def _gil_wait_share(self, wall: float, cpu: float) -> float | None:
+        """The share of the window's task time (``wall``, of which ``cpu`` on a core)
+        spent neither running nor waiting for a core: waiting for the GIL (or
+        blocked, which the caller rules out by the cores kept busy).  None where
+        the run-queue delay cannot be read.  Starts the next window's reading."""
+        start = self._delay_at_start
+        end = self._run_delay() if self._run_delay is not None else None
+        self._delay_at_start = end
+        if start is None or end is None or wall <= 0:
+            return None
+        return min(1.0, max(0.0, wall - cpu - max(0.0, end - start)) / wall)
 
     def _idle_share(self) -> float | None:
         """The share of the machine's CPU time that was idle since the window began
@@ -179,7 +228,7 @@ class Tuner:
         self._seen = []
         self._w_start = None
         self._w_rows = self._w_tasks = 0
-        self._w_cpu = 0.0
+        self._w_cpu = self._w_wall = 0.0
         if self._gate is not None:
             self._gate.set_limit(limit)
 
@@ -189,37 +238,41 @@ class Tuner:
     def _up(self, n: int) -> int:
         return min(self.size, n + 1 if n < self.cores else 2 * n)
 
-    def _decide(self, rate: float, used: float, now: float, idle: float | None = None) -> None:
+    def _decide(self, rate: float, used: float, now: float, idle: float | None = None,
+                gil: float | None = None) -> None:
         n = self.limit
         self.rates[n] = rate
         # every comparison is between the means of two windows on each side: one
         # window is noisy on a machine shared with other work
-        self._seen.append((rate, used, 1.0 if idle is None else idle))
+        self._seen.append((rate, used, gil, idle))
         if len(self._seen) < WINDOWS_PER_SIDE:
             return
-        rate = sum(x[0] for x in self._seen) / len(self._seen)
-        used = sum(x[1] for x in self._seen) / len(self._seen)
-        idle_share = sum(x[2] for x in self._seen) / len(self._seen)
+        rate = _mean([x[0] for x in self._seen]) or 0.0
+        used = _mean([x[1] for x in self._seen]) or 0.0
+        gil_wait = _mean([x[2] for x in self._seen])
+        idle_share = _mean([x[3] for x in self._seen])
         self._seen = []
         if self._probe is not None:
-            before, before_rate, before_used, before_idle = self._probe
+            before, before_rate, before_used, before_gil, before_idle = self._probe
             self._probe = None
             down = n < before
             kept = rate >= before_rate * (DOWN_TOLERANCE if down else UP_GAIN)
             if kept and down and self.gil_bound is None and self.cores > 1 \
-                    and before_used < GIL_CORES and used < GIL_CORES \
-                    and before_idle >= IDLE_SHARE \
+                    and GIL_MIN_CORES <= before_used < GIL_CORES and used < GIL_CORES \
+                    and _gil_waited(before_gil, before_idle) \
                     and (self.row_cost_s or 0) >= PROCESS_MIN_ROW_S:
-                # fewer threads did as much, and about one core was ever busy: the
-                # per-sample function holds the GIL (a process stage can run it in parallel)
-                self.gil_bound = (f"gil: {before_used:.2f} cores busy with {before} threads, "
-                                  f"{before_rate:,.0f} rows/s; {rate:,.0f} with {n}")
+                # fewer threads did as much, about one core was ever busy, and the
+                # threads waited neither on a core nor on I/O: the per-sample
+                # function holds the GIL (a process stage can run it in parallel)
+                waited = "" if before_gil is None else f", {before_gil:.0%} of it waiting"
+                self.gil_bound = (f"gil: {before_used:.2f} cores busy with {before} threads"
+                                  f"{waited}, {before_rate:,.0f} rows/s; {rate:,.0f} with {n}")
                 log.debug("asyncfeed: %s", self.gil_bound)
             if kept:
                 self._backoff = 2
                 nxt = self._down(n) if down else self._up(n)
                 if nxt != n and (not down or used < BUSY * min(n, self.cores)):
-                    self._probe = (n, rate, used, idle_share)
+                    self._probe = (n, rate, used, gil_wait, idle_share)
                     self._set(nxt, f"{rate:,.0f} rows/s at {n}, probing {nxt}", now)
                 else:
                     self._hold = 4
@@ -241,9 +294,23 @@ class Tuner:
             nxt = self._up(n)
         else:
             return
-        self._probe = (n, rate, used, idle_share)
+        self._probe = (n, rate, used, gil_wait, idle_share)
         self._set(nxt, f"{rate:,.0f} rows/s at {n}, {used:.2f} cores busy: probing {nxt}",
                   now)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _gil_waited(gil_wait: float | None, idle_share: float | None) -> bool:
+    """Whether threads that kept about one core busy were held by the GIL: their
+    measured wait share where the run-queue delay was read, else (no
+    scheduler figures) a machine with idle CPU left."""
+    if gil_wait is not None:
+        return gil_wait >= GIL_WAIT
+    return idle_share is None or idle_share >= IDLE_SHARE  # nothing to tell: as measured
 
 
 def read_machine_idle() -> tuple[float, float] | None:
