@@ -59,10 +59,11 @@ VERDICTS = ("consumer", "fetch", "decode", "gil", "h2d")
 
 #: the consumer waited less than this share of the time: the loader is ahead
 CONSUMER_MAX_WAIT = 0.10
-#: the decode threads lost at least this share of their busy time to the GIL, or the
-#: GIL probe waited at least this share of a switch interval on average: Python
-#: holds the GIL, and decode work that is the bottleneck is GIL-bound
+#: the decode threads lost at least this share of their busy time to the GIL ...
 GIL_MIN = 0.15
+#: ... or the GIL probe found the GIL held at least this share of the time: Python
+#: holds the GIL, and decode work that is the bottleneck is GIL-bound
+GIL_HELD = 0.5
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class Snapshot:
     ``cpu_threads_run_delay_s``: run-queue delay of the threads that ran
     CPU-timed stages (None where the scheduler does not say).  ``first_wait_s``:
     the consumer's wait for the pass's first batch (part of ``wait_s``).
-    ``gil_wait_s``/``gil_probes``: the GIL probe's totals (see :mod:`.gilprobe`).
+    ``gil_held``/``gil_probes``: the GIL probe's totals (see :mod:`.gilprobe`).
     """
 
     elapsed_s: float = 0.0
@@ -138,7 +139,7 @@ class Snapshot:
     batches: int = 0
     samples: int = 0
     resources: tuple[Resource, ...] = ()
-    gil_wait_s: float = 0.0
+    gil_held: int = 0
     gil_probes: int = 0
 
     def __add__(self, other: Snapshot) -> Snapshot:
@@ -152,7 +153,7 @@ class Snapshot:
             else -other.cpu_threads_run_delay_s,
             wait_s=-other.wait_s, first_wait_s=-other.first_wait_s, batches=-other.batches,
             samples=-other.samples, resources=other.resources,
-            gil_wait_s=-other.gil_wait_s, gil_probes=-other.gil_probes)
+            gil_held=-other.gil_held, gil_probes=-other.gil_probes)
         return self - neg
 
     def __sub__(self, other: Snapshot) -> Snapshot:
@@ -168,7 +169,7 @@ class Snapshot:
                         batches=self.batches - other.batches,
                         samples=self.samples - other.samples,
                         resources=self.resources or other.resources,
-                        gil_wait_s=self.gil_wait_s - other.gil_wait_s,
+                        gil_held=self.gil_held - other.gil_held,
                         gil_probes=self.gil_probes - other.gil_probes)
 
 
@@ -304,7 +305,7 @@ class Accounting:
                         cpu_threads_run_delay_s=delay, wait_s=self._wait,
                         first_wait_s=self._first_wait, batches=self._batches,
                         samples=self._samples, resources=resources,
-                        gil_wait_s=self.probe.wait_s, gil_probes=self.probe.probes)
+                        gil_held=self.probe.held, gil_probes=self.probe.probes)
 
 
 @dataclass(frozen=True)
@@ -377,15 +378,16 @@ def analyse(s: Snapshot, cores: int) -> Analysis:
     ``CONSUMER_MAX_WAIT`` of the time; otherwise the resource with the highest
     load (busy time over capacity x elapsed) is blamed, as the stage that spent
     the most time in it: ``fetch`` -> ``"fetch"``, ``h2d`` -> ``"h2d"``,
-    ``decode``/``assemble`` -> ``"gil"`` when the GIL share or the GIL's
-    pressure (the probe's reading) is at least ``GIL_MIN``, else ``"decode"``.
+    ``decode``/``assemble`` -> ``"gil"`` when the GIL share is at least
+    ``GIL_MIN`` or the GIL's pressure (the share of the time the probe found it
+    held) at least ``GIL_HELD``, else ``"decode"``.
     The share sees threads that wait for each other; the pressure sees one
     thread running Python all the time, which waits for nobody (share near 0)
     but which more threads would not help.
     """
     elapsed = max(s.elapsed_s, 1e-9)
     g = gil_share(s, cores)
-    pressure = GilProbe.pressure(s.gil_wait_s, s.gil_probes)
+    pressure = GilProbe.pressure(s.gil_held, s.gil_probes)
     busy = sum(st.wall_s for st in s.stages.values() if st.cpu_s is not None)
     if s.batches > 2 and elapsed - s.first_wait_s > 0:
         wait_share = (s.wait_s - s.first_wait_s) / max(elapsed - s.first_wait_s, 1e-9)
@@ -413,7 +415,8 @@ def analyse(s: Snapshot, cores: int) -> Analysis:
         elif stage_index[top] == H2D:
             verdict = "h2d"
         else:
-            verdict = "gil" if max(g, pressure or 0.0) >= GIL_MIN else "decode"
+            verdict = ("gil" if g >= GIL_MIN or (pressure or 0.0) >= GIL_HELD
+                       else "decode")
     return Analysis(gil_share=g, busy_threads=busy / elapsed,
                     cores_used=s.process_cpu_s / elapsed, wait_share=wait_share,
                     loads=loads, bottleneck=verdict, limiting=limiting, cores=cores,

@@ -87,10 +87,10 @@ def explain(s: Snapshot, a: Analysis) -> str:
                 f"were busy {load:.0%} of the time using {used}. "
                 f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
     if v == "gil":
-        held = a.gil_pressure if a.gil_pressure is not None else a.gil_share
-        return (f"The GIL is the bottleneck: Python held it most of the time (a probe "
-                f"waiting to take it found it busy, {held:.0%} of a switch interval on "
-                f"average; decode threads lost {a.gil_share:.0%} of their busy time to it), "
+        held = "" if a.gil_pressure is None else \
+            f"a probe found the GIL held {a.gil_pressure:.0%} of the time, "
+        return (f"The GIL is the bottleneck: Python held it most of the time ({held}"
+                f"decode threads lost {a.gil_share:.0%} of their busy time waiting for it), "
                 f"and the process used {used}, so more threads will "
                 "not help. Move the heavy loops of the per-sample function into numpy, "
                 "torch or OpenCV calls (they "

@@ -1,21 +1,23 @@
-"""How hard it is to get the GIL right now: a thread that sleeps and times its wake-up.
+"""How often the GIL is held: a thread that sleeps and times its wake-up.
 
 Every ``period`` seconds (20 ms) the probe thread wakes from a sleep (the GIL
 released) and must take the GIL back before it can read the clock.  The time
 its wake-up came late, less the time it spent waiting for a core (its
 run-queue delay, from ``/proc/thread-self/schedstat``) and the CPU it used, is
-time it waited for the GIL.  When Python threads hold the GIL continuously,
-each wake-up waits about one switch interval (``sys.getswitchinterval()``,
-5 ms) before the holder is made to let go; when the GIL is mostly free
-(threads inside GIL-releasing decoders), it waits next to nothing.
+time it waited for the GIL.  A wait over ``HELD_S`` (0.2 ms) means another
+thread held the GIL when the probe woke: the share of wake-ups that found it
+held (``pressure``) estimates the share of the time Python held it.  Only a
+share: how long each wait lasts says how long the holder's stretches are (up to
+a switch interval, ``sys.getswitchinterval()``), not how busy the GIL is --
+code that calls into torch or NumPy every few hundred microseconds lets go that
+often, yet can keep the GIL busy all the time.
 
 One long wait can also mean that the thread holding the GIL was preempted (a
 machine whose cores other processes keep busy).  So after a long wait the
 probe lets go of the GIL for ``GAP_S`` (time for a waiting thread to take it)
 and waits for it again, ``REPEATS`` waits in all, and keeps the median:
-Python threads that hold the GIL continuously make every wait long, a
-preempted holder only one.  ``pressure`` is the mean kept wait over the switch
-interval, capped at 1.
+Python threads that keep the GIL busy make every wait long, a preempted
+holder only one.
 
 Cost: one wake-up per ``period`` (about 50 per second, about 3 ms of CPU a second
 in all), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
@@ -28,18 +30,19 @@ non-daemon threads.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
 from .exithooks import OpenSet
 
-__all__ = ["GilProbe", "REPEATS"]
+__all__ = ["GilProbe", "HELD_S", "REPEATS"]
 
 #: waits per sample after a long first one; the sample is their median
 REPEATS = 3
 #: the pause between them: time for a thread woken by our release to take the GIL
 GAP_S = 0.001
+#: a wait for the GIL longer than this means another thread held it
+HELD_S = 2e-4
 
 
 
@@ -64,14 +67,14 @@ def _own_run_delay(fd: int | None) -> float:
 class GilProbe:
     """Samples the GIL's availability from a thread of its own (``asyncfeed-gilprobe``).
 
-    ``wait_s`` and ``probes`` are running totals (read them from any thread; a
-    window is the difference of two readings); ``pressure(wait_s, probes)`` turns
-    them into 0..1.
+    ``held`` (wake-ups that found the GIL held) and ``probes`` (wake-ups) are
+    running totals (read them from any thread; a window is the difference of two
+    readings); ``pressure(held, probes)`` turns them into 0..1.
     """
 
     def __init__(self, period: float = 0.02) -> None:
         self.period = period
-        self.wait_s = 0.0
+        self.held = 0
         self.probes = 0
         self._stop = False
         self._lock = threading.Lock()
@@ -95,9 +98,10 @@ class GilProbe:
         try:
             while not self._stop:
                 waits = [self._wait(fd, self.period)]
-                if waits[0] > sys.getswitchinterval() / 10:  # else: free, no need to ask again
+                if waits[0] > HELD_S:  # else: free, no need to ask again
                     waits += [self._wait(fd, GAP_S) for _ in range(REPEATS - 1)]
-                self.wait_s += sorted(waits)[len(waits) // 2]
+                if sorted(waits)[len(waits) // 2] > HELD_S:
+                    self.held += 1
                 self.probes += 1
         finally:
             if fd is not None:
@@ -114,11 +118,11 @@ class GilProbe:
         return max(0.0, late - lost)
 
     @staticmethod
-    def pressure(wait_s: float, probes: int) -> float | None:
-        """Mean GIL wait per wake-up over the switch interval, 0..1 (None: no probes)."""
+    def pressure(held: int, probes: int) -> float | None:
+        """The share of wake-ups that found the GIL held, 0..1 (None: no probes)."""
         if probes <= 0:
             return None
-        return min(1.0, max(0.0, wait_s / probes / sys.getswitchinterval()))
+        return min(1.0, max(0.0, held / probes))
 
     def close(self, wait: bool = True) -> None:
         """Stop sampling; with ``wait``, return once the thread has exited. Idempotent."""
