@@ -5,6 +5,7 @@ what the reader returned)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 
 import pytest
@@ -142,10 +143,13 @@ def test_hedging_can_be_turned_off(image_tree, http_server):
 
 
 @pytest.mark.timeout(40)
-def test_adaptive_timeout_abandons_a_stall_before_the_hard_cap(image_tree, http_server):
+@pytest.mark.parametrize("fast", [True, False], ids=["lean", "fsspec"])
+def test_adaptive_timeout_abandons_a_stall_before_the_hard_cap(image_tree, http_server, fast):
     """With hedging off, a read stalled mid-body is abandoned after a few times the
-    observed latency (not the 120 s hard timeout) and retried; the retry answers."""
-    src = fast_source(http_server.url, timeout=120.0, hedge=False)
+    observed latency (not the 120 s hard timeout) and retried; the retry answers.
+    The lean client reports progress (no byte for too long); through fsspec the
+    attempt is judged on its whole duration."""
+    src = fast_source(http_server.url, timeout=120.0, hedge=False, fast=fast)
     urls = _files(src)
     target = urls[3]
     from urllib.parse import unquote
@@ -167,16 +171,158 @@ def test_adaptive_timeout_abandons_a_stall_before_the_hard_cap(image_tree, http_
     src.close()
 
 
+# -- stalls are told by progress: no byte for a while, not a long read ---------------------
+
+_PIECES = 8        # a trickled body arrives in about this many pieces...
+_INTERVAL = 0.1    # ...this many seconds apart: whole reads of ~0.8 s, gaps far below
+                   # the adaptive limit's 0.5 s floor
+
+
+def _trickle_everything(server, sizes: list[int]) -> None:
+    """Every file's headers at once, then its body in ~_PIECES pieces _INTERVAL s apart."""
+    server.add_fault("*.jpg", "trickle", chunk=max(sizes) // _PIECES + 1, interval=_INTERVAL)
+
+
+@pytest.mark.timeout(60)
+def test_loader_abandons_a_stall_after_headers_while_slow_reads_stream(image_tree):
+    """Every file streams slowly (whole reads of ~0.8 s, so 4 x their p99 is beyond the
+    2.5 s hard timeout) and one answer stops after its headers.  The stall is told by
+    the silence (no byte for 4 x the time-to-first-byte p99, here the 0.5 s floor),
+    abandoned and retried before the hard timeout: counted as a stall in
+    stats().io, its sample delivered once, every batch the local folder's, in order."""
+    from urllib.parse import unquote
+    with DirectoryServer(image_tree) as server:
+        remote = ImageFolder(server.url, 32, timeout=2.5, hedge=False, backoff=0.01,
+                             max_backoff=0.05)
+        slow = remote.samples[5][0]
+        rel = unquote(slow[len(server.url):])
+        server.add_fault(rel, "stall", times=1)     # headers, then nothing (first wins)
+        _trickle_everything(server, [len(_local(image_tree, u, server.url))
+                                     for u, _ in remote.samples])
+        server.reset_counts()
+        with AsyncLoader(remote, batch_size=4, num_threads=2) as loader:
+            got = list(loader)
+            io = loader.stats().io
+        requests = server.count(rel)
+        remote._source.close()
+    with AsyncLoader(ImageFolder(image_tree, 32), batch_size=4, num_threads=2) as loader:
+        want = list(loader)
+    assert len(got) == len(want)
+    for (x, lx), (y, ly) in zip(got, want):
+        assert torch.equal(x, y) and torch.equal(lx, ly)
+    assert io is not None
+    assert (io.stalls, io.retries, io.hedges) == (1, 1, 0)   # a stall, not the hard timeout
+    assert io.attempts == len(remote) + 1
+    assert requests == 2
+
+
+@pytest.mark.timeout(60)
+def test_s3_stall_after_headers_is_abandoned_while_slow_reads_stream(image_tree, s3_tree,
+                                                                     s3_proxy):
+    """The signed S3 GETs go through the same client: a stall after the headers is told
+    from slow but steady bodies there too."""
+    src = fast_source(s3_tree, storage_options=s3_options(s3_proxy.url.rstrip("/")),
+                      timeout=2.5, hedge=False)
+    urls = _files(src)
+    base = s3_tree + "/"
+    target = urls[4]
+    rel = "asyncfeed-test/images/" + target[len(base):]
+    s3_proxy.add_fault(rel, "stall", times=1)
+    _trickle_everything(s3_proxy, [len(_local(image_tree, u, base)) for u in urls])
+
+    async def main():
+        out = await asyncio.gather(*(src.read(u) for u in urls))
+        await src.close_io()
+        return out
+
+    out = asyncio.run(main())
+    for u, data in zip(urls, out):
+        assert data == _local(image_tree, u, base)
+    stats = src.read_stats()
+    assert (stats.stalls, stats.retries, stats.hedges) == (1, 1, 0)
+    assert s3_proxy.count(rel) == 2
+    src.close()
+    _settle()
+
+
+@pytest.mark.timeout(40)
+def test_a_slow_but_steady_body_is_not_abandoned(image_tree, http_server):
+    """After fast reads (p99 of a few ms: the adaptive limit is its 0.5 s floor), one
+    body trickles in over ~1.5 s, a piece every 0.1 s: it is not abandoned, however
+    much longer than the others it takes; one request, no stall, no retry."""
+    src = fast_source(http_server.url, timeout=30.0, hedge=False)
+    urls = _files(src)
+    target = urls[2]
+    from urllib.parse import unquote
+    rel = unquote(target[len(http_server.url):])
+    size = len(_local(image_tree, target, http_server.url))
+
+    async def main():
+        await _warm(src, urls)
+        http_server.add_fault(rel, "trickle", chunk=size // 15 + 1, interval=0.1, times=1)
+        before = http_server.count(rel)
+        data = await src.read(target)
+        await src.close_io()
+        return data, http_server.count(rel) - before
+
+    data, requests = asyncio.run(main())
+    assert data == _local(image_tree, target, http_server.url)
+    stats = src.read_stats()
+    assert (stats.stalls, stats.retries) == (0, 0)
+    assert requests == 1
+    src.close()
+
+
+@pytest.mark.timeout(40)
+def test_the_hard_timeout_caps_a_body_that_keeps_coming(image_tree, http_server):
+    """A body that keeps arriving, a piece every 0.1 s, for longer than the 1 s hard
+    timeout: the adaptive rule never abandons it; the hard timeout ends every attempt
+    and, once the retries are spent, the read fails naming the URL."""
+    from asyncfeed import RemoteTimeoutError
+    src = fast_source(http_server.url, timeout=1.0, retries=1, hedge=False)
+    urls = _files(src)
+    target = urls[1]
+    from urllib.parse import unquote
+    rel = unquote(target[len(http_server.url):])
+    size = len(_local(image_tree, target, http_server.url))
+
+    async def main():
+        await _warm(src, urls)
+        http_server.add_fault(rel, "trickle", chunk=size // 30 + 1, interval=0.1)  # ~3 s
+        before = http_server.count(rel)
+        try:
+            with pytest.raises(RemoteTimeoutError) as info:
+                await src.read(target)
+        finally:
+            await src.close_io()
+        return info.value, http_server.count(rel) - before
+
+    err, requests = asyncio.run(main())
+    assert target in str(err) and "timed out after 1.0s" in str(err)
+    stats = src.read_stats()
+    assert (stats.stalls, stats.retries) == (0, 1)
+    assert requests == 2
+    src.close()
+
+
 def test_guard_limits_follow_observed_latency():
     guard = TailGuard(TailPolicy(), ReadStats())
-    assert guard.limits(30.0) == (None, 30.0)       # nothing known: the hard cap only
+    assert guard.limits(30.0) == (None, None, None)  # nothing known: the hard cap only
     for i in range(100):
         guard._latency.observe(0.01 + i * 1e-4)
-    hedge, stall = guard.limits(30.0)
-    assert 0.015 < hedge < 0.025 and stall == 0.5   # p95; 4 x p99 is under the floor
+        guard._ttfb.observe(0.001)
+    lim = guard.limits(30.0)
+    assert 0.015 < lim.hedge < 0.025                 # p95 of whole reads
+    assert lim.idle == 0.5 and lim.whole == 0.5      # 4 x p99 is under the floor
     for _ in range(300):
         guard._latency.observe(1.0)
-    assert guard.limits(2.0) == (1.0, 2.0)          # the hard cap stays the cap
+        guard._ttfb.observe(0.2)
+    lim = guard.limits(2.0)
+    assert lim.hedge == 1.0 and abs(lim.idle - 0.8) < 1e-9  # 4 x time to first byte
+    assert lim.whole == math.inf                     # at or past the hard cap: never
+    assert guard.limits(0.7).idle == math.inf
+    assert TailGuard(TailPolicy(adaptive_timeout=False), ReadStats()).limits(30.0)[1:] \
+        == (math.inf, math.inf)
     with pytest.raises(ValueError):
         TailPolicy(hedge_budget=2.0)
     assert issubclass(StallTimeout, TimeoutError)

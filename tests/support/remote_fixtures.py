@@ -147,8 +147,8 @@ class S3Proxy(ThreadedHTTPServer):
     """Forwards every request to ``target`` (moto), applying the faults it is given.
 
     Paths are ``bucket/key`` (path-style addressing, what botocore uses for an IP
-    endpoint).  ``status`` faults answer without asking moto; ``stall``/``drop``
-    faults apply to successful GETs.
+    endpoint).  ``status`` faults answer without asking moto; ``stall``/``drop``/
+    ``trickle`` faults apply to successful GETs.
     """
 
     def __init__(self, target: str, **kw) -> None:
@@ -174,7 +174,8 @@ class S3Proxy(ThreadedHTTPServer):
         if self._session is None:
             self._session = aiohttp.ClientSession(auto_decompress=False)
         status, out, length, data = await forward(self._session, self.target, request)
-        if (fault is not None and fault.kind in ("stall", "drop") and request.method == "GET"
+        if (fault is not None and fault.kind in ("stall", "drop", "trickle")
+                and request.method == "GET"
                 and status in (200, 206)):
             return await self._broken(request, data, fault)
         return relayed(request, status, out, length, data)

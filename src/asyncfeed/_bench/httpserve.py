@@ -6,7 +6,7 @@ supported), directories as an HTML index of ``<a href>`` links (what fsspec's
 ``HTTPFileSystem`` parses), with a fixed delay per request to stand in for a
 remote object store.  ``DirectoryServer`` adds fault injection for tests: a status
 code for the first *k* requests of a path, a stall or a dropped connection part way
-through a body, and per-path request counts.  ``ThreadedHTTPServer`` is the
+through a body, a body trickled slowly, and per-path request counts.  ``ThreadedHTTPServer`` is the
 reusable part (thread, loop, faults, counts) for other kinds of test servers.
 
 The server runs an asyncio loop (aiohttp's low-level server, no routing, no access
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     import aiohttp
 
-FaultKind = Literal["status", "stall", "drop", "delay"]
+FaultKind = Literal["status", "stall", "drop", "delay", "trickle"]
 
 
 @dataclass(frozen=True)
@@ -113,9 +113,12 @@ class Fault:
     """What to do to requests whose path matches ``pattern`` (``fnmatch``, relative to root).
 
     ``kind``: ``"status"`` answers ``status`` with a short body; ``"stall"`` sends the
-    headers and the first ``after`` bytes, then nothing until the server closes;
-    ``"drop"`` sends the headers and ``after`` bytes, then closes the connection;
-    ``"delay"`` waits ``delay`` seconds more before answering normally.
+    headers and the first ``after`` bytes, then nothing until the server closes (or,
+    with ``delay``, for ``delay`` seconds, then the rest); ``"drop"`` sends the
+    headers and ``after`` bytes, then closes the connection; ``"delay"`` waits
+    ``delay`` seconds more before answering normally; ``"trickle"`` sends the
+    headers and ``after`` bytes, then the rest ``chunk`` bytes every ``interval``
+    seconds (a slow but steady body).
     ``times`` is how many matching requests it applies to (``None``: all of them).
     ``chunked`` sends the body with chunked transfer encoding instead of a
     ``Content-Length`` (for ``stall``/``drop``).  ``body``/``headers`` replace the
@@ -131,6 +134,8 @@ class Fault:
     chunked: bool = False
     body: str | None = None
     headers: dict[str, str] | None = None
+    chunk: int = 1
+    interval: float = 0.0
     applied: int = 0
 
     def take(self) -> bool:
@@ -146,7 +151,7 @@ class ThreadedHTTPServer:
     Subclasses answer requests in ``async _answer(request, rel, fault)``; ``rel`` is
     the unquoted request path without its leading ``/``, ``fault`` the
     :class:`Fault` that applies (``status`` and ``delay`` faults and ``latency``
-    are already handled; ``stall``/``drop`` are the subclass's to honour, with
+    are already handled; ``stall``/``drop``/``trickle`` are the subclass's to honour, with
     ``_broken``).  Use as a context manager or call ``start()``/``close()``.
     ``url`` is the base URL, ending in ``/``.  ``latency`` seconds are waited
     before answering every request (an ``asyncio.sleep``: many requests wait at
@@ -337,6 +342,7 @@ class ThreadedHTTPServer:
 
     async def _broken(self, request: web.BaseRequest, data: bytes,
                       fault: Fault) -> web.StreamResponse:
+        """Answer ``data`` as a ``stall``, ``drop`` or ``trickle`` fault says."""
         resp = web.StreamResponse(status=200)
         resp.content_type = "application/octet-stream"
         if fault.chunked:
@@ -347,7 +353,21 @@ class ThreadedHTTPServer:
         if fault.after:
             await resp.write(data[:fault.after])
             await asyncio.sleep(0.01)  # let the partial body reach the client first
-        if fault.kind == "stall":
+        if fault.kind == "trickle" or (fault.kind == "stall" and fault.delay > 0):
+            try:
+                if fault.kind == "stall":
+                    await self._wait_closing(fault.delay)
+                    await resp.write(data[fault.after:])
+                else:
+                    step = max(1, fault.chunk)
+                    for at in range(fault.after, len(data), step):
+                        await self._wait_closing(fault.interval)
+                        await resp.write(data[at:at + step])
+                await resp.write_eof()
+                return resp
+            except (ConnectionError, asyncio.CancelledError):
+                pass  # the client gave up (or the server closes): drop the connection
+        elif fault.kind == "stall":
             with contextlib.suppress(asyncio.CancelledError):
                 await self._wait_closing(None)
         transport = request.transport
@@ -387,7 +407,7 @@ class DirectoryServer(ThreadedHTTPServer):
             return web.Response(status=404, text=f"not found: {rel}\n")
         except PermissionError:
             return web.Response(status=403, text=f"forbidden: {rel}\n")
-        if fault is not None and fault.kind in ("stall", "drop"):
+        if fault is not None and fault.kind in ("stall", "drop", "trickle"):
             return await self._broken(request, data, fault)
         status, headers = 200, {}
         rng = request.headers.get("Range")

@@ -25,6 +25,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from .._optional import require
+from .progress import unreported
 
 fsspec = require("fsspec", "a remote root (s3://, http://, ...)")
 
@@ -183,6 +184,7 @@ def _s3_conn(loop: asyncio.AbstractEventLoop, fs: Any, max_connections: int) -> 
                 data = await reader.get(bucket, key, start, end)
                 if data is not None:
                     return data
+                unreported()  # the lean client may have reported an answer it gave up on
         return await fs._cat_file(path, start=start, end=end)
 
     async def close() -> None:

@@ -106,10 +106,14 @@ class FsspecSource:
         cancelled), at most ``hedge_budget`` extra requests per read (default
         5%).  ``None`` (default): on, except for S3 requester-pays buckets.
         ``False`` where a duplicate GET is not idempotent or is billed unusually.
-    adaptive_timeout:
-        Abandon and retry an attempt running longer than 4 times the observed
-        99th percentile of latency (at least 0.5 s), well before ``timeout``,
-        which stays the hard cap.
+    adaptive_timeout, stall_factor, stall_floor:
+        Abandon and retry a stalled attempt well before ``timeout``, which stays
+        the hard cap: on the lean client's reads, one that has received no byte
+        for ``stall_factor`` (4) times the observed 99th percentile of time to
+        first byte (at least ``stall_floor``, 0.5 s), so a large object still
+        streaming is never abandoned; on reads through fsspec (which cannot
+        report progress), one running ``stall_factor`` times the 99th percentile
+        of whole-read latency.  ``adaptive_timeout=False`` keeps only ``timeout``.
     fast:
         Read with asyncfeed's lean HTTP/1.1 client (:mod:`asyncfeed._io.http11`) where
         the settings allow: plain GETs for ``http(s)://`` roots (about half the CPU
@@ -127,7 +131,8 @@ class FsspecSource:
                  cache_size: int | None = None, cache: str | None = None,
                  cache_verify: bool = True, max_connections: int = 256,
                  list_concurrency: int = 32, fast: bool = True, hedge: bool | None = None,
-                 hedge_budget: float = 0.05, adaptive_timeout: bool = True) -> None:
+                 hedge_budget: float = 0.05, adaptive_timeout: bool = True,
+                 stall_factor: float = 4.0, stall_floor: float = 0.5) -> None:
         root = os.fspath(root)
         if "://" not in root:
             raise ValueError(f"not a URL: {root!r}")
@@ -160,7 +165,9 @@ class FsspecSource:
         if hedge is None:  # a duplicate GET bills the reader of a requester-pays bucket
             hedge = not self.storage_options.get("requester_pays", False)
         self.tail_policy = TailPolicy(hedge=bool(hedge), hedge_budget=float(hedge_budget),
-                                      adaptive_timeout=bool(adaptive_timeout))
+                                      adaptive_timeout=bool(adaptive_timeout),
+                                      stall_factor=float(stall_factor),
+                                      stall_floor=float(stall_floor))
         self._sizes: dict[str, int] = {}
         self._dirs: list[str] | None = None
         self._dir_rel: dict[str, str] = {}

@@ -13,15 +13,26 @@ One attempt of a read (one request) is run by :meth:`TailGuard.attempt`:
   have answered: a slow answer with nothing overtaking it is this client being
   slow (a busy event loop, a saturated link), which a second request would only
   make worse.
-- **Adaptive timeout**: an attempt running longer than ``stall_factor`` (4) times
-  the observed 99th percentile (at least ``stall_floor`` seconds) is abandoned as
-  a timeout, so the caller retries it long before the source's fixed
-  ``timeout`` (which stays the hard cap of every attempt).
+- **Adaptive timeout, by progress**: an attempt whose client reports what it
+  receives (the lean HTTP client of :mod:`asyncfeed._io.http11`, so plain
+  ``http(s)`` and the signed S3 GETs; see :mod:`asyncfeed._io.progress`) is
+  abandoned as a stall when no byte has arrived for ``stall_factor`` (4) times
+  the observed 99th percentile of *time to first byte*, at least ``stall_floor``
+  (0.5) seconds: a request silent before its headers, or after them, is retried
+  long before the source's fixed ``timeout``, while a large or slow object whose
+  bytes keep coming is never abandoned by this rule, however long it takes.
+  An attempt whose client cannot report (the fsspec filesystems: aiohttp, s3fs)
+  is judged on its whole duration instead: abandoned after ``stall_factor``
+  times the observed 99th percentile of whole-attempt latency (at least
+  ``stall_floor``).  The fixed ``timeout`` stays the hard cap of every attempt.
 
 Latency is tracked online per guard (a source keeps one per kind of read): the
-last 256 successful attempts, quantiles recomputed every 16.  Until 10 attempts
-have been seen nothing is hedged and only the hard timeout applies; an attempt
-started before then picks its limits up as soon as they are known.
+last 256 successful attempts (whole duration, and time to first byte of those
+that report it), quantiles recomputed every 16.  Until 10 attempts have been
+seen nothing is hedged and only the hard timeout applies; an attempt started
+before then picks its limits up as soon as they are known.  The watchdog costs
+no work per received chunk: the client writes a timestamp, and the watchdog
+looks at it when its timer (the earliest deadline of the attempts it runs) fires.
 
 A failed attempt (a 503...) while its twin is still running does not fail the
 read: the twin may still answer.  When every attempt has failed or stalled,
@@ -32,12 +43,16 @@ through here again).  Cancelling the caller cancels every attempt.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections import deque
+from time import monotonic
 from dataclasses import dataclass, fields
-from typing import Awaitable, Callable, Protocol, TypeVar, runtime_checkable
+from typing import Awaitable, Callable, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["CountsReads", "ReadStats", "StallTimeout", "TailGuard", "TailPolicy"]
+from .progress import CURRENT, Progress
+
+__all__ = ["CountsReads", "Limits", "ReadStats", "StallTimeout", "TailGuard", "TailPolicy"]
 
 T = TypeVar("T")
 
@@ -49,7 +64,22 @@ _BURST = 10.0
 
 
 class StallTimeout(TimeoutError):
-    """An attempt took far longer than the observed latency and was abandoned."""
+    """An attempt received nothing for far longer than the observed latency (or, where
+    progress is not reported, ran far longer) and was abandoned."""
+
+
+class Limits(NamedTuple):
+    """Seconds after which, for the next look at the running attempts: ``hedge``, send
+    a second request (from the attempt's start); ``idle``, abandon an attempt that
+    reports progress and has received nothing since (from its latest byte);
+    ``whole``, abandon an attempt that does not report progress (from its start).
+    None: not known yet (too few attempts seen); ``inf``: never by this rule (turned
+    off, or at or above the hard timeout, which comes first).  ``hedge`` None: not
+    known yet or hedging off."""
+
+    hedge: float | None
+    idle: float | None
+    whole: float | None
 
 
 @dataclass(frozen=True)
@@ -58,7 +88,8 @@ class TailPolicy:
 
     ``hedge=False`` turns hedging off: use it where a duplicate GET is not
     idempotent or is billed unusually (requester-pays buckets, per-request
-    egress charges).  ``adaptive_timeout=False`` keeps only the fixed timeout.
+    egress charges).  ``adaptive_timeout=False`` keeps only the fixed timeout;
+    ``stall_factor`` and ``stall_floor`` set how long a silence is a stall.
     """
 
     hedge: bool = True
@@ -82,7 +113,8 @@ class TailPolicy:
 class ReadStats:
     """Counters of a source's reads: ``attempts`` (requests sent, hedges included),
     ``hedges`` (extra requests sent by hedging), ``hedge_wins`` (hedges that
-    answered first), ``stalls`` (attempts abandoned by the adaptive timeout),
+    answered first), ``stalls`` (attempts abandoned by the adaptive timeout: silent, or
+    where progress is not reported, too long),
     ``retries`` (attempts repeated after a transient error)."""
 
     attempts: int = 0
@@ -132,7 +164,8 @@ class TailGuard:
     def __init__(self, policy: TailPolicy, stats: ReadStats) -> None:
         self.policy = policy
         self.stats = stats
-        self._latency = _Latency()
+        self._latency = _Latency()   # whole attempts
+        self._ttfb = _Latency()      # time to first byte, of attempts that report it
         self._seq = 0                                  # attempts started
         self._answered: deque[int] = deque(maxlen=_WINDOW)  # their numbers, as they answer
         self._tokens = 0.0
@@ -150,17 +183,49 @@ class TailGuard:
         need = self.policy.hedge_after_later
         return need <= 0 or sum(1 for s in list(self._answered) if s > seq) >= need
 
-    def limits(self, hard: float | None) -> tuple[float | None, float | None]:
-        """(hedge after, abandon after) in seconds for the next attempt; None: never."""
+    def limits(self, hard: float | None) -> Limits:
+        """The limits for the next look at the running attempts (see :class:`Limits`)."""
         p = self.policy
         hedge = self._latency.quantile(p.hedge_quantile) if p.hedge else None
-        stall = hard
-        if p.adaptive_timeout:
-            p99 = self._latency.quantile(0.99)
-            if p99 is not None:
-                adaptive = max(p.stall_floor, p.stall_factor * p99)
-                stall = adaptive if hard is None else min(hard, adaptive)
-        return hedge, stall
+        if not p.adaptive_timeout:
+            return Limits(hedge, math.inf, math.inf)
+        return Limits(hedge, self._adaptive(self._ttfb, hard),
+                      self._adaptive(self._latency, hard))
+
+    def _adaptive(self, latency: _Latency, hard: float | None) -> float | None:
+        p99 = latency.quantile(0.99)
+        if p99 is None:
+            return None
+        limit = max(self.policy.stall_floor, self.policy.stall_factor * p99)
+        return math.inf if hard is not None and limit >= hard else limit
+
+    def _stalled(self, progress: Progress, lim: Limits, now: float) -> str | None:
+        """Why the attempt of ``progress`` counts as stalled at ``now``, or None."""
+        if progress.reported:
+            if lim.idle is not None and now - progress.last >= lim.idle:
+                what = (f"after {progress.nbytes} bytes" if progress.first
+                        else "before the first byte")
+                return (f"no byte for {now - progress.last:.2f}s {what} (adaptive: "
+                        f"{self.policy.stall_factor:g} x time to first byte p99, "
+                        f"{lim.idle:.2f}s)")
+        elif lim.whole is not None and now - progress.start >= lim.whole:
+            return (f"no answer after {now - progress.start:.2f}s "
+                    f"(adaptive timeout {lim.whole:.2f}s)")
+        return None
+
+    @staticmethod
+    def _deadline(progress: Progress, lim: Limits, now: float) -> float:
+        """When to look at the attempt of ``progress`` again: when it will count as
+        stalled if nothing arrives meanwhile (``inf``: never), or soon while its limit
+        is not known yet."""
+        if progress.reported:
+            return progress.last + lim.idle if lim.idle is not None else now + _RECHECK
+        return progress.start + lim.whole if lim.whole is not None else now + _RECHECK
+
+    def _observe(self, progress: Progress, now: float) -> None:
+        self._latency.observe(now - progress.start)
+        if progress.reported and progress.first:
+            self._ttfb.observe(progress.first - progress.start)
 
     async def attempt(self, make: Callable[[], Awaitable[T]], hard: float | None,
                       first: bool = True) -> T:
@@ -172,68 +237,77 @@ class TailGuard:
         Raises the first attempt's error when every attempt failed, or
         :class:`StallTimeout` when they stalled.  Cancelling this cancels them all.
         """
-        loop = asyncio.get_running_loop()
         if first:
             with self._lock:
                 self._tokens = min(_BURST, self._tokens + self.policy.hedge_budget)
         self.stats.attempts += 1
         self._seq += 1
         seq = self._seq
-        t0 = loop.time()
+        t0 = monotonic()
         if not (self.policy.hedge or self.policy.adaptive_timeout):
             result = await make()  # only the hard timeout (make() applies it): no task
-            self._latency.observe(loop.time() - t0)
+            self._latency.observe(monotonic() - t0)
             self._answered.append(seq)
             return result
-        running: dict[asyncio.Future, float] = {asyncio.ensure_future(make()): t0}
+        running: dict[asyncio.Future, Progress] = {}
         abandoned: list[asyncio.Future] = []
         hedge: asyncio.Future | None = None
         error: BaseException | None = None
+
+        def launch(now: float) -> asyncio.Future:
+            progress = Progress(now)
+            token = CURRENT.set(progress)  # the task copies the context: its client reports
+            try:
+                fut = asyncio.ensure_future(make())
+            finally:
+                CURRENT.reset(token)
+            running[fut] = progress
+            return fut
+
+        launch(t0)
         try:
             while running:
                 # the limits follow the latency observed meanwhile: the first reads of
                 # a pass start before anything is known
-                hedge_after, stall_after = self.limits(hard)
-                now = loop.time()
-                deadlines = [start + stall_after for start in running.values()] \
-                    if stall_after is not None and stall_after != hard else []
+                lim = self.limits(hard)
+                now = monotonic()
+                deadlines = [self._deadline(progress, lim, now)
+                             for progress in running.values()]
                 if hedge is None and self.policy.hedge:
-                    at = t0 + hedge_after if hedge_after is not None else now
+                    at = t0 + lim.hedge if lim.hedge is not None else now
                     # past it without a token: look again later (tokens come with reads)
                     deadlines.append(at if at > now else now + _RECHECK)
-                elif stall_after == hard and self.policy.adaptive_timeout:
-                    deadlines.append(now + _RECHECK)
-                wait = max(0.0, min(deadlines) - now) if deadlines else None
+                soonest = min(deadlines, default=math.inf)
+                wait = max(0.0, soonest - now) if soonest < math.inf else None
                 done, _ = await asyncio.wait(running, timeout=wait,
                                              return_when=asyncio.FIRST_COMPLETED)
-                now = loop.time()
+                now = monotonic()
                 for fut in done:
-                    started = running.pop(fut)
+                    progress = running.pop(fut)
                     exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
                     if exc is None:
-                        self._latency.observe(now - started)
+                        self._observe(progress, now)
                         self._answered.append(seq)
                         if fut is hedge:
                             self.stats.hedge_wins += 1
                         return fut.result()
                     if error is None:
                         error = exc
-                if stall_after is not None and stall_after != hard:
-                    for fut, started in list(running.items()):
-                        if now - started >= stall_after:
+                if self.policy.adaptive_timeout:
+                    lim = self.limits(hard)  # as of now: what just answered counts
+                    for fut, progress in list(running.items()):
+                        why = self._stalled(progress, lim, now)
+                        if why is not None:
                             fut.cancel()
                             del running[fut]
                             abandoned.append(fut)
                             self.stats.stalls += 1
                             if error is None:
-                                error = StallTimeout(
-                                    f"no answer after {now - started:.2f}s "
-                                    f"(adaptive timeout {stall_after:.2f}s)")
-                if (hedge is None and hedge_after is not None and running
-                        and now - t0 >= hedge_after and self._overtaken(seq)
+                                error = StallTimeout(why)
+                if (hedge is None and lim.hedge is not None and running
+                        and now - t0 >= lim.hedge and self._overtaken(seq)
                         and self._take_token()):
-                    hedge = asyncio.ensure_future(make())
-                    running[hedge] = now
+                    hedge = launch(now)
                     self.stats.hedges += 1
                     self.stats.attempts += 1
             assert error is not None

@@ -16,14 +16,23 @@ raises :class:`IncompleteResponse` naming both sizes; a request cancelled mid-re
 its connection instead of returning it to the pool.  A kept-alive connection the
 server closed while idle is retried once on a fresh connection, as GET is
 idempotent.
+
+A request sent inside an attempt watched by :mod:`asyncfeed._io.hedge` reports its
+progress there (:mod:`asyncfeed._io.progress`): the time of every piece of the
+response as it arrives, so a stalled response is told apart from a slow but
+steady one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl as _ssl
+from time import monotonic as _monotonic
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
+
+from .progress import CURRENT as _PROGRESS
+from .progress import Progress
 
 __all__ = ["HTTPPool", "HTTPStatusError", "IncompleteResponse", "Response"]
 
@@ -83,6 +92,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.headers: dict[str, str] = {}
         self.keep = True
         self.received_any = False
+        self.progress: Progress | None = None  # the watched attempt this request is for
 
     # -- asyncio protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -106,6 +116,12 @@ class _Conn(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.received_any = True
+        p = self.progress
+        if p is not None:  # the watchdog reads these when its timer fires
+            p.last = now = _monotonic()
+            if not p.first:
+                p.first = now
+            p.nbytes += nbytes
         if self.fut is None:  # data while idle: the server broke the protocol
             self._close()
             return
@@ -282,9 +298,11 @@ class _Conn(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def start(self, request: bytes, head_only: bool) -> asyncio.Future:
+    def start(self, request: bytes, head_only: bool,
+              progress: Progress | None = None) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self.fut = fut
+        self.progress = progress
         self.head_only = head_only
         self.hlen, self.body, self.mode, self.got, self.want = 0, None, "", 0, 0
         self.raw, self.chunks = bytearray(), bytearray()
@@ -340,12 +358,15 @@ class HTTPPool:
         lines.append(self._extra)
         lines.append("\r\n")
         request = "".join(lines).encode("latin-1")
+        progress = _PROGRESS.get()
+        if progress is not None:
+            progress.reported = True
         async with self._sem:
             for attempt in range(2):
                 conn, reused = await self._checkout(key)
                 ok = False
                 try:
-                    resp = await conn.start(request, method == "HEAD")
+                    resp = await conn.start(request, method == "HEAD", progress)
                     ok = True
                 except _Stale:
                     if reused and attempt == 0:
