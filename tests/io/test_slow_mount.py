@@ -51,3 +51,41 @@ def test_loader_on_the_mount_keeps_many_reads_waiting(image_tree, slow_mount):  
     for (x, lx), (y, ly) in zip(got, want):
         assert torch.equal(x, y) and torch.equal(lx, ly)
     assert peak > 8  # more reads waiting at once than the old aiofiles path's 8 executor threads allowed
+
+
+def test_a_local_read_is_one_read_call_per_file(image_tree, tmp_path):  # noqa: F811
+    """``LocalSource.read_sync`` opens a file and reads it whole in one read call (a
+    FUSE round trip each on a network mount), where ``open().read()`` takes two: the
+    mount's daemon serves one open, one read and one release per file."""
+    why = unavailable()
+    if why is not None:
+        pytest.skip(f"no FUSE mount here: {why}")
+    from asyncfeed._io.local import LocalSource
+    with SlowMount(image_tree, str(tmp_path / "mnt"), open_ms=0, read_ms=0,
+                   count_calls=True) as m:
+        source = LocalSource(m.mountpoint)
+        paths = [p for d in source.list_dirs() for p in source.list_files(d)]
+        for p in paths:
+            with open(p.replace(m.mountpoint, image_tree, 1), "rb") as f:
+                assert source.read_sync(p) == f.read()
+    assert m.calls == {"open": len(paths), "read": len(paths), "release": len(paths)}
+
+
+def test_read_whole_reads_any_file_to_its_end(tmp_path):
+    """Whatever ``fstat`` says: empty files, files whose size is reported as 0
+    (procfs), and errors that name the path."""
+    from asyncfeed._io.local import read_whole
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert read_whole(str(empty)) == b""
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 4099)
+    assert read_whole(str(big)) == big.read_bytes()
+    with open("/proc/self/status", "rb") as f:
+        head = f.read(5)
+    assert read_whole("/proc/self/status").startswith(head) and len(head) == 5
+    with pytest.raises(IsADirectoryError) as info:
+        read_whole(str(tmp_path))
+    assert info.value.filename == str(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        read_whole(str(tmp_path / "missing"))

@@ -11,7 +11,9 @@ not fit in memory.
 
 Needs ``/dev/fuse``, libfuse (2 or 3) and ``mfusepy`` (``pip install
 asyncfeed[bench]``); :func:`unavailable` says why it cannot run here.
-:class:`SlowMount` runs it as a child process (tests, the bench).
+:class:`SlowMount` runs it as a child process (tests, the bench).  ``--calls FILE``
+writes how many ``open``, ``read`` and ``release`` calls it served to ``FILE`` (JSON)
+when it is unmounted.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def _operations(root: str, open_s: float, read_s: float) -> Any:
             self.root = os.path.realpath(root)
             self._fresh: set[int] = set()   # handles not read yet
             self._lock = threading.Lock()
+            self.calls = {"open": 0, "read": 0, "release": 0}  # FUSE calls served
 
         def _path(self, path: str) -> str:
             return os.path.join(self.root, path.lstrip("/"))
@@ -84,12 +87,14 @@ def _operations(root: str, open_s: float, read_s: float) -> Any:
             fh = os.open(self._path(path), os.O_RDONLY)
             with self._lock:
                 self._fresh.add(fh)
+                self.calls["open"] += 1
             return fh
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
             with self._lock:
                 first = fh in self._fresh
                 self._fresh.discard(fh)
+                self.calls["read"] += 1
             if first and read_s > 0:
                 time.sleep(read_s)
             return os.pread(fh, size, offset)
@@ -97,6 +102,7 @@ def _operations(root: str, open_s: float, read_s: float) -> Any:
         def release(self, path: str, fh: int) -> int:
             with self._lock:
                 self._fresh.discard(fh)
+                self.calls["release"] += 1
             os.close(fh)
             return 0
 
@@ -124,14 +130,19 @@ class SlowMount:
 
     ``start()`` returns once the mount answers (RuntimeError if it cannot be
     made); ``close()`` unmounts and reaps the child (idempotent).  A context
-    manager.
+    manager.  ``calls``: after ``close()``, the ``open``/``read``/``release`` calls
+    the file system served (``count_calls=True`` only; else None).
     """
 
     def __init__(self, root: str, mountpoint: str, *, open_ms: float = 2.0,
-                 read_ms: float = 10.0, threads: int = 64) -> None:
+                 read_ms: float = 10.0, threads: int = 64, count_calls: bool = False) -> None:
         self.root, self.mountpoint = os.fspath(root), os.fspath(mountpoint)
         self.open_ms, self.read_ms, self.threads = open_ms, read_ms, threads
         self._proc: subprocess.Popen | None = None
+        self._calls_file = (os.path.join(os.path.dirname(os.path.abspath(self.mountpoint)),
+                                         f".{os.path.basename(self.mountpoint)}.calls.json")
+                            if count_calls else None)
+        self.calls: dict[str, int] | None = None
 
     def start(self, timeout: float = 20.0) -> "SlowMount":
         why = unavailable()
@@ -142,7 +153,8 @@ class SlowMount:
         self._proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), self.root, self.mountpoint,
              "--open-ms", str(self.open_ms), "--read-ms", str(self.read_ms),
-             "--threads", str(self.threads)],
+             "--threads", str(self.threads)]
+            + (["--calls", self._calls_file] if self._calls_file else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -172,6 +184,11 @@ class SlowMount:
         for f in (proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
+        if self._calls_file is not None and os.path.exists(self._calls_file):
+            import json
+            with open(self._calls_file) as fh:
+                self.calls = json.load(fh)
+            os.unlink(self._calls_file)
 
     def __enter__(self) -> "SlowMount":
         return self.start()
@@ -189,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--open-ms", type=float, default=2.0)
     ap.add_argument("--read-ms", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=64, help="FUSE request threads")
+    ap.add_argument("--calls", help="write the calls served here (JSON) when unmounted")
     args = ap.parse_args(argv)
     import mfusepy
 
@@ -199,6 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(mfusepy, "fuse_version_major", 2) >= 3:
         kwargs["max_threads"] = args.threads
     mfusepy.FUSE(ops, args.mountpoint, **kwargs)
+    if args.calls:
+        import json
+        with open(args.calls, "w") as f:
+            json.dump(ops.calls, f)
 
 
 if __name__ == "__main__":
