@@ -14,6 +14,7 @@ once) and reports its rows, wall and CPU time to the loader's
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -28,14 +29,36 @@ if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import Batch, Pipeline
 
 
+#: rows of at most this many bytes are copied holding the GIL (a memcpy: ~10 us for a
+#: 3x224x224 uint8 image).  NumPy lets go of the GIL for every copy; when other threads
+#: wait for it, each release hands it over and taking it back costs two context
+#: switches, more than the copy (the "ceiling" bench workload).  Bigger rows are
+#: copied by NumPy, the GIL released.
+HOLD_GIL_BYTES = 1 << 19
+
+
+def _copy_row(dst: Any, row: int, x: np.ndarray, nbytes: int) -> None:
+    """``dst[row] = x`` (same shape and dtype), holding the GIL when the row is small
+    and both sides are C-contiguous; byte for byte what NumPy's assignment writes."""
+    if nbytes <= HOLD_GIL_BYTES and x.flags.c_contiguous:
+        try:
+            memoryview(dst).cast("B")[row * nbytes:(row + 1) * nbytes] = \
+                memoryview(x).cast("B")
+            return
+        except (TypeError, ValueError):
+            pass  # a format memoryview cannot cast (complex): NumPy's copy below
+    dst[row] = x
+
+
 class FlatWriter:
     """Writes a sample that is one array, or a flat tuple/list of arrays and Python
-    scalars, into its row with one NumPy assignment per leaf.
+    scalars, into its row with one copy per leaf (:meth:`write`), or the rows of a
+    whole task column by column (:meth:`write_rows`).
 
-    ``write`` returns False (having written nothing that matters) whenever the
-    sample is not exactly of that kind; the caller then uses ``Layout.write_row``,
-    which handles every other case and raises ``LayoutMismatch`` where it must.
-    The bytes written are the ones ``write_row`` writes (same NumPy copy).
+    Both return False (having written nothing that matters) whenever a sample is
+    not exactly of that kind; the caller then uses ``Layout.write_row``, which
+    handles every other case and raises ``LayoutMismatch`` where it must.  The
+    bytes written are the ones ``write_row`` writes.
     """
 
     def __init__(self, layout: Layout) -> None:
@@ -47,7 +70,10 @@ class FlatWriter:
         self.specs = []
         for leaf in leaves:
             s = layout.specs[leaf.j]
-            self.specs.append((leaf.j, s.kind, s.shape, s.dtype))
+            nbytes = 0
+            if s.kind in ("tensor", "ndarray") and s.dtype is not None:
+                nbytes = math.prod(s.shape) * torch.empty((), dtype=s.dtype).element_size()
+            self.specs.append((leaf.j, s.kind, s.shape, s.dtype, nbytes))
 
     @classmethod
     def for_layout(cls, layout: Layout) -> FlatWriter | None:
@@ -63,7 +89,7 @@ class FlatWriter:
             return False
         else:
             leaves = sample
-        for (j, kind, shape, dtype), x in zip(self.specs, leaves):
+        for (j, kind, shape, dtype, nbytes), x in zip(self.specs, leaves):
             v = views[j]
             if kind == "list":
                 if type(x) is not str and type(x) is not bytes:
@@ -78,19 +104,73 @@ class FlatWriter:
             elif type(x) is np.ndarray:
                 if x.shape != shape or x.dtype != v.dtype:
                     return False
-                v[row] = x
+                _copy_row(v, row, x, nbytes)
             elif type(x) is torch.Tensor:
-                if x.shape != shape or x.dtype != dtype or x.device.type != "cpu" \
-                        or x.requires_grad or x.is_conj() or x.is_neg():
+                if not _plain_tensor(x, shape, dtype):
                     return False
                 buf = bufs[j]
                 if x.data_ptr() == buf.data_ptr() + row * buf.stride()[0] * buf.element_size() \
                         and x.stride() == buf.stride()[1:]:
                     continue  # decode_into already wrote it
-                v[row] = x.numpy()
+                _copy_row(v, row, x.numpy(), nbytes)
             else:
                 return False
         return True
+
+    def write_rows(self, bufs: list[Any], views: list[Any], lo: int, hi: int,
+                   samples: list[Any]) -> bool:
+        """Write ``samples[lo:hi]`` into rows ``lo..hi``, one leaf at a time: each
+        leaf's values are checked for the whole run first, scalars go in with one
+        NumPy assignment.  For samples ``__getitem__`` returned (never a view of
+        the batch's own buffers).  May raise what a NumPy assignment raises (an
+        int too large for int64): the caller then writes row by row."""
+        rows = samples[lo:hi]
+        if self.single:
+            columns: Any = (rows,)
+        else:
+            container, k = self.container, self.k
+            for s in rows:
+                if type(s) is not container or len(s) != k:
+                    return False
+            columns = zip(*rows)
+        for (j, kind, shape, dtype, nbytes), col in zip(self.specs, columns):
+            v = views[j]
+            if kind == "list":
+                for x in col:
+                    if type(x) is not str and type(x) is not bytes:
+                        return False
+                bufs[j][lo:hi] = col
+            elif v is None:
+                return False
+            elif kind == "scalar":
+                get = _PY_SCALARS.get
+                for x in col:
+                    if get(type(x)) != dtype:
+                        return False
+                v[lo:hi] = col
+            else:
+                vdtype = v.dtype
+                arrays = []
+                for x in col:
+                    if type(x) is np.ndarray:
+                        if x.shape != shape or x.dtype != vdtype:
+                            return False
+                    elif type(x) is torch.Tensor and _plain_tensor(x, shape, dtype):
+                        x = x.numpy()
+                    else:
+                        return False
+                    arrays.append(x)
+                row = lo
+                for x in arrays:
+                    _copy_row(v, row, x, nbytes)
+                    row += 1
+        return True
+
+
+def _plain_tensor(x: torch.Tensor, shape: tuple[int, ...], dtype: Any) -> bool:
+    """Whether NumPy can copy ``x`` as a row of ``shape`` and ``dtype``."""
+    return (x.shape == shape and x.dtype == dtype and x.device.type == "cpu"
+            and not x.requires_grad and not x.is_conj() and not x.is_neg())
 
 
 def writer_for(p: Pipeline, layout: Layout) -> FlatWriter | None:
@@ -104,11 +184,21 @@ def writer_for(p: Pipeline, layout: Layout) -> FlatWriter | None:
 
 
 def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
-    """Load rows ``lo..hi`` of ``b`` (a decode-pool task); finishes ``b`` if they were
-    its last.  Returns at once when the pass is stopping."""
+    """Load rows ``lo..hi`` of ``b`` (a decode-pool task) through the pass's gate,
+    report the task's rows, wall and CPU time to the tuner, and finish ``b`` if
+    they were its last.  Returns at once when the pass is stopping."""
     if p.stopping:
         return
-    done = _gated(p, _rows, p, b, lo, hi)
+    gate = p.gate
+    if gate is not None:
+        gate.enter()
+    try:
+        done, wall, cpu = _rows(p, b, lo, hi)
+    finally:
+        if gate is not None:
+            gate.leave()
+    if p.tuner is not None:
+        p.tuner.record(done, wall, cpu)
     if done == hi - lo:
         rows_done(p, b, lo, hi)
 
@@ -131,17 +221,89 @@ def _gated(p: Pipeline, load: Callable[..., int], *args: Any) -> int:
     return done
 
 
-def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
-    """The loop of :func:`run_rows`; returns the rows it went through.  Its locals
-    (the last sample, a failure's exception) die with its frame, before the
-    batch is reported done: the batch's buffers must not outlive the batch."""
-    from .pipeline import _NO_RAW
+def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
+    """The work of :func:`run_rows`: (rows gone through, wall s, thread CPU s).
+
+    With a plain ``__getitem__`` the rows are loaded first (the decode stage,
+    timed once for the run) and then written into the batch's buffers (the
+    assemble stage, see :func:`_write`): one clock reading per stage and task,
+    not per row.  Its locals (the samples, a failure's exception) die with its
+    frame, before the batch is reported done: the batch's buffers must not
+    outlive the batch."""
     ring = b.mode == "ring"
     caps = p.caps
-    plain = caps.read is None and not (ring and caps.decode_into is not None)
-    get = p.dataset.__getitem__ if plain else None
+    acct = p.acct
+    t0 = acct.begin()
+    if caps.read is not None or (ring and caps.decode_into is not None):
+        done = _loaded_rows(p, b, lo, hi, ring)
+        t = acct.begin()
+        return done, t[0] - t0[0], t[1] - t0[1]
+    get = p.dataset.__getitem__
     samples, indices = b.samples, b.indices
-    acct = p.acct  # stage accounting (_load records its own stages)
+    failed: list[int] | None = None
+    for row in range(lo, hi):
+        if p.stopping:
+            return row - lo, 0.0, 0.0
+        idx = indices[row]
+        try:
+            samples[row] = get(idx)
+        except BaseException as e:  # noqa: BLE001 - travels to the consumer
+            p._note_failure(b, row, idx, e)
+            if failed is None:
+                failed = []
+            failed.append(row)
+    t = acct.end(DECODE, t0, hi - lo - (len(failed) if failed is not None else 0))
+    if ring:
+        if not b.mismatch:  # else the batch is collated anyway
+            _write(p, b, lo, hi, failed)
+        t = acct.end(ASSEMBLE, t, 0)  # counted per batch, in _finish
+    elif not p.layouts.decided:
+        for row in range(lo, hi):
+            if failed is None or row not in failed:
+                p.layouts.offer(samples[row])
+                break
+    return hi - lo, t[0] - t0[0], t[1] - t0[1]
+
+
+def _write(p: Pipeline, b: Batch, lo: int, hi: int, failed: list[int] | None) -> None:
+    """Write the loaded rows ``lo..hi`` of ring batch ``b`` (but ``failed``) into its
+    buffers: a whole run at once where every row is a flat sample of the
+    batch's layout, else row by row.  A row of another shape makes the batch
+    collated (``LayoutMismatch``); any other error writing a row is that row's."""
+    layout = b.layout
+    assert layout is not None  # a ring batch's layout is known
+    bufs = p._rows_of(b)
+    views: Any = b.views
+    samples = b.samples
+    writer = writer_for(p, layout)
+    if writer is not None and failed is None:
+        try:
+            if writer.write_rows(bufs, views, lo, hi, samples):
+                return
+        except Exception:  # noqa: BLE001 - written row by row below, where it finds its row
+            pass
+    for row in range(lo, hi):
+        if failed is not None and row in failed:
+            continue
+        sample = samples[row]
+        try:
+            if writer is None or not writer.write(bufs, views, row, sample):
+                layout.write_row(bufs, row, sample, views)
+        except LayoutMismatch:
+            # shapes vary: collate this batch like DataLoader, stop using rows
+            b.mismatch = True
+            p.layouts.give_up()
+            return
+        except BaseException as e:  # noqa: BLE001 - travels to the consumer
+            p._note_failure(b, row, b.indices[row], e)
+
+
+def _loaded_rows(p: Pipeline, b: Batch, lo: int, hi: int, ring: bool) -> int:
+    """Rows ``lo..hi`` loaded by the pipeline's ``_load`` (``read`` + ``decode``, or
+    ``decode_into`` a row), one at a time; returns the rows it went through."""
+    from .pipeline import _NO_RAW
+    samples, indices = b.samples, b.indices
+    acct = p.acct  # _load records its own stages
     if ring:
         assert b.layout is not None  # a ring batch's layout is known
         layout = b.layout
@@ -153,13 +315,8 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> int:
             return row - lo
         idx = indices[row]
         try:
-            if get is not None:
-                t = acct.begin()
-                sample = get(idx)
-                t = acct.end(DECODE, t)
-            else:
-                sample = p._load(b, row, idx, _NO_RAW)
-                t = acct.begin()
+            sample = p._load(b, row, idx, _NO_RAW)
+            t = acct.begin()
             samples[row] = sample
             if ring:
                 if b.mismatch:
