@@ -73,7 +73,7 @@ class Batch:
 
     __slots__ = ("k", "indices", "n", "mode", "bufs", "slot", "samples", "remaining",
                  "done", "failures", "error", "output", "event", "good_samples_host",
-                 "mismatch", "layout", "views", "t_ready")
+                 "mismatch", "layout", "views", "t_ready", "deferred")
 
     def __init__(self, k: int, indices: list[Any], mode: str) -> None:
         self.k = k
@@ -95,6 +95,7 @@ class Batch:
         self.layout: Layout | None = None
         self.views: list[Any] | None = None   # NumPy views of bufs, for write_row
         self.t_ready = 0.0                    # perf_counter() when it became ready
+        self.deferred = False   # rows loaded but not written: _finish writes them (rowtasks)
 
     def pending(self) -> list[Any]:
         return [i for r, i in enumerate(self.indices) if not self.done[r]]
@@ -424,6 +425,8 @@ class Pipeline(BatchHandoff):
         thread abandoned at exit must not start a collate or a copy)."""
         t = self.acct.begin()
         try:
+            if b.deferred and b.error is None and not b.mismatch and not self.stopping:
+                rowtasks.write_deferred(self, b)
             if self.stopping:
                 b.error = b.error or LoaderClosedError("the pass was closed")
             elif b.n == 0:

@@ -35,6 +35,10 @@ if TYPE_CHECKING:  # pragma: no cover
 #: switches, more than the copy (the "ceiling" bench workload).  Bigger rows are
 #: copied by NumPy, the GIL released.
 HOLD_GIL_BYTES = 1 << 19
+#: a batch written in bulk (see :func:`write_deferred`) copies array leaves of at
+#: least this many bytes a row with one ``torch.stack`` that lets go of the GIL once;
+#: smaller rows are copied one by one holding it (cheaper than torch's per-call cost)
+BULK_ROW_BYTES = 1 << 15
 
 
 def _copy_row(dst: Any, row: int, x: np.ndarray, nbytes: int) -> None:
@@ -118,12 +122,15 @@ class FlatWriter:
         return True
 
     def write_rows(self, bufs: list[Any], views: list[Any], lo: int, hi: int,
-                   samples: list[Any]) -> bool:
+                   samples: list[Any], bulk: bool = False) -> bool:
         """Write ``samples[lo:hi]`` into rows ``lo..hi``, one leaf at a time: each
         leaf's values are checked for the whole run first, scalars go in with one
-        NumPy assignment.  For samples ``__getitem__`` returned (never a view of
-        the batch's own buffers).  May raise what a NumPy assignment raises (an
-        int too large for int64): the caller then writes row by row."""
+        NumPy assignment.  With ``bulk``, array leaves of at least
+        ``BULK_ROW_BYTES`` a row go in with one ``torch.stack`` (one release of the
+        GIL for the whole copy), else row by row (:func:`_copy_row`).  For samples
+        ``__getitem__`` returned (never a view of the batch's own buffers).  May
+        raise what a NumPy assignment raises (an int too large for int64): the
+        caller then writes row by row."""
         rows = samples[lo:hi]
         if self.single:
             columns: Any = (rows,)
@@ -150,16 +157,28 @@ class FlatWriter:
                 v[lo:hi] = col
             else:
                 vdtype = v.dtype
+                stacked = bulk and nbytes >= BULK_ROW_BYTES
                 arrays = []
                 for x in col:
                     if type(x) is np.ndarray:
                         if x.shape != shape or x.dtype != vdtype:
                             return False
+                        if stacked:
+                            if not x.flags.writeable:
+                                stacked = False  # torch would warn: NumPy copies it
+                                arrays = [a.numpy() if type(a) is torch.Tensor else a
+                                          for a in arrays]
+                            else:
+                                x = torch.from_numpy(x)
                     elif type(x) is torch.Tensor and _plain_tensor(x, shape, dtype):
-                        x = x.numpy()
+                        if not stacked:
+                            x = x.numpy()
                     else:
                         return False
                     arrays.append(x)
+                if stacked:
+                    torch.stack(arrays, out=bufs[j][lo:hi])
+                    continue
                 row = lo
                 for x in arrays:
                     _copy_row(v, row, x, nbytes)
@@ -254,7 +273,11 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
             failed.append(row)
     t = acct.end(DECODE, t0, hi - lo - (len(failed) if failed is not None else 0))
     if ring:
-        if not b.mismatch:  # else the batch is collated anyway
+        if b.mismatch:
+            pass  # collated anyway
+        elif hi - lo < b.n:
+            b.deferred = True  # the thread that finishes b writes every row at once
+        else:
             _write(p, b, lo, hi, failed)
         t = acct.end(ASSEMBLE, t, 0)  # counted per batch, in _finish
     elif not p.layouts.decided:
@@ -265,11 +288,25 @@ def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
     return hi - lo, t[0] - t0[0], t[1] - t0[1]
 
 
-def _write(p: Pipeline, b: Batch, lo: int, hi: int, failed: list[int] | None) -> None:
+def write_deferred(p: Pipeline, b: Batch) -> None:
+    """Write every loaded row of ring batch ``b`` (the thread that finishes ``b``,
+    when its rows were loaded by several tasks that left the writing to it).
+
+    Copying each row in the task that loaded it costs the most where rows are
+    slow and threads many: a hundred threads copying rows into ten batches'
+    buffers at once miss the caches, and each copy either holds the GIL or
+    hands it over.  Here one thread copies the batch's rows in one go."""
+    failed = [r for r, _, _ in b.failures] if b.failures else None
+    _write(p, b, 0, b.n, failed, bulk=True)
+
+
+def _write(p: Pipeline, b: Batch, lo: int, hi: int, failed: list[int] | None,
+           bulk: bool = False) -> None:
     """Write the loaded rows ``lo..hi`` of ring batch ``b`` (but ``failed``) into its
     buffers: a whole run at once where every row is a flat sample of the
-    batch's layout, else row by row.  A row of another shape makes the batch
-    collated (``LayoutMismatch``); any other error writing a row is that row's."""
+    batch's layout (``bulk``: see ``FlatWriter.write_rows``), else row by row.  A
+    row of another shape makes the batch collated (``LayoutMismatch``); any
+    other error writing a row is that row's."""
     layout = b.layout
     assert layout is not None  # a ring batch's layout is known
     bufs = p._rows_of(b)
@@ -278,7 +315,7 @@ def _write(p: Pipeline, b: Batch, lo: int, hi: int, failed: list[int] | None) ->
     writer = writer_for(p, layout)
     if writer is not None and failed is None:
         try:
-            if writer.write_rows(bufs, views, lo, hi, samples):
+            if writer.write_rows(bufs, views, lo, hi, samples, bulk):
                 return
         except Exception:  # noqa: BLE001 - written row by row below, where it finds its row
             pass
