@@ -158,6 +158,19 @@ class Tuner:
             return f"threads: {self.size} (pinned)"
         return f"threads: {self.limit} of {self.size} running (adaptive)"
 
+    def start_with(self, limit: int, why: str, hold: int = 0) -> None:
+        """Run ``limit`` threads from now on, and make no decision for the next
+        ``hold`` rounds (of ``WINDOWS_PER_SIDE`` windows); adapting goes on from
+        there.  For the pipeline, which measures a pass's first tasks before the
+        tuner has windows to compare (see ``Pipeline.sized``).  Does nothing when
+        the count is pinned."""
+        with self._lock:
+            if not self.adaptive:
+                return
+            self._set(max(1, min(self.size, limit)), why, time.perf_counter())
+            self._probe = None
+            self._hold = max(self._hold, hold)
+
     # -------------------------------------------------------------- measuring
     def record(self, rows: int, wall: float, cpu: float, now: float | None = None) -> None:
         """A decode task finished ``rows`` rows in ``wall`` seconds using ``cpu`` seconds

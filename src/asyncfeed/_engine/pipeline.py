@@ -34,12 +34,22 @@ from .._memory.slots import Slot
 from ..protocols import DeviceTransfer, NamedSamples
 from . import processes, rowtasks
 from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
-from .autotune import Gate, Tuner, rows_per_task
+from .autotune import PROCESS_MIN_ROW_S, Gate, Tuner, rows_per_task
 from .capabilities import Capabilities
 from .handoff import BatchHandoff, BatchMemory, PassConfig
 from .layout import Layout, LayoutMismatch
 from .readahead import ReadAhead
 from .runtime import Runtime
+
+
+#: a row that costs less CPU than this, measured alone, and spends most of its time on
+#: a core (not waiting for I/O) is "tiny": handing the GIL between threads costs more
+#: than such a row, so the pass runs one thread (the process stage does not take rows
+#: this cheap either, see ``autotune.PROCESS_MIN_ROW_S``)
+TINY_ROW_CPU_S = PROCESS_MIN_ROW_S
+TINY_ON_CORE = 0.25    # ... and its CPU time is at least this share of its wall time
+SIZING_TASKS = 2       # tasks run alone at the start of a fresh tuner's first pass
+TINY_HOLD = 16         # decision rounds the tuner then keeps one thread before probing
 
 
 class LayoutHolder:
@@ -132,16 +142,30 @@ class Pipeline(BatchHandoff):
         self._fetch_workers: list[asyncio.Task] = []
         # set by the loader after construction: its thread tuner and this pass's gate
         self.tuner: Tuner | None = None
-        self.gate: Gate | None = None
+        self._gate: Gate | None = None
         self.row_writer: tuple[Layout, Any] | None = None  # rowtasks' cached writer
         # set by the loader: the process stage batches should go to now (None: threads)
         self.stage_for: Callable[[], Any] | None = None
         self.stage: Any = None   # the process stage this pass used
+        # the first tasks' (rows, wall, cpu) while they run alone (see sized)
+        self.sizing: list[tuple[int, float, float]] | None = None
+        self._sizing_checked = False
         self.acct.resources = self._resources()
         if isinstance(copy, CopyStream):  # (tests drive the ring with stand-ins)
             self.acct.h2d_source = copy.drain_timings
         if self.readahead is not None:  # reads run there, not in _fetch_one
             self.readahead.on_read = functools.partial(self.acct.add_wall, FETCH)
+
+    @property
+    def gate(self) -> Gate | None:
+        """How many decode tasks of this pass run at once (None: every thread).  The
+        decode pool's threads pass it before they take a task (``TaskPool.admit``)."""
+        return self._gate
+
+    @gate.setter
+    def gate(self, gate: Gate | None) -> None:
+        self._gate = gate
+        self.runtime.pool.admit(gate)
 
     def _resources(self) -> tuple[Resource, ...]:
         """Which stages share which capacity (for the accounting's verdict)."""
@@ -235,6 +259,9 @@ class Pipeline(BatchHandoff):
                                            *self.acct.resources[1:])
                 self.stage = stage
                 return
+            if not self._sizing_checked:
+                self._sizing_checked = True
+                self._start_sizing()
             # runs of rows per pool task, sized by the measured cost of a row: tiny
             # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
             running = self.gate.limit if self.gate is not None else self.runtime.num_threads
@@ -245,6 +272,43 @@ class Pipeline(BatchHandoff):
                                        min(lo + step, b.n)) is None:
                     self._abandon(b)
                     return
+
+    def _start_sizing(self) -> None:
+        """On the first pass of a loader whose thread count adapts (nothing measured
+        yet), let the first ``SIZING_TASKS`` tasks run alone: what a row costs,
+        measured without other threads competing for the GIL, decides whether the
+        pass runs one thread or all of them (see :meth:`sized`)."""
+        t, g = self.tuner, self.gate
+        if t is None or g is None or not t.adaptive or t.moves or t.row_cost_s is not None \
+                or g.limit <= 1:
+            return
+        self.sizing = []
+        g.set_limit(1)
+
+    def sized(self, rows: int, wall: float, cpu: float) -> None:
+        """A task that ran alone (see :meth:`_start_sizing`) loaded ``rows`` rows in
+        ``wall`` seconds using ``cpu`` seconds (decode thread).  After
+        ``SIZING_TASKS`` of them: tiny rows (less CPU than ``TINY_ROW_CPU_S``, at
+        least ``TINY_ON_CORE`` of the time on a core) make the tuner run one
+        thread for ``TINY_HOLD`` rounds before it probes for more, anything else
+        lets every running thread go again."""
+        with self.cond:
+            got = self.sizing
+            if got is None or rows <= 0:
+                return
+            got.append((rows, wall, cpu))
+            if len(got) < SIZING_TASKS:
+                return
+            self.sizing = None
+        row_cpu = min(c / r for r, _, c in got)
+        on_core = max(c / w for _, w, c in got if w > 0) if any(w > 0 for _, w, _ in got) \
+            else 1.0
+        tuner, gate = self.tuner, self.gate
+        assert tuner is not None and gate is not None  # sizing starts only with both
+        if row_cpu < TINY_ROW_CPU_S and on_core >= TINY_ON_CORE:
+            tuner.start_with(1, f"a row costs {row_cpu * 1e6:.0f} us of CPU, measured alone: "
+                                "one thread", hold=TINY_HOLD)
+        gate.set_limit(tuner.limit)
 
     def _submit_task(self, fn: Callable[..., None], *args: Any) -> None:
         if self.runtime.submit(fn, *args) is None:

@@ -203,38 +203,27 @@ def writer_for(p: Pipeline, layout: Layout) -> FlatWriter | None:
 
 
 def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
-    """Load rows ``lo..hi`` of ``b`` (a decode-pool task) through the pass's gate,
-    report the task's rows, wall and CPU time to the tuner, and finish ``b`` if
+    """Load rows ``lo..hi`` of ``b`` (a decode-pool task; the pool passes the pass's
+    gate, see ``Pipeline.gate``), report the task's rows, wall and CPU time to the tuner, and finish ``b`` if
     they were its last.  Returns at once when the pass is stopping."""
     if p.stopping:
         return
-    gate = p.gate
-    if gate is not None:
-        gate.enter()
-    try:
-        done, wall, cpu = _rows(p, b, lo, hi)
-    finally:
-        if gate is not None:
-            gate.leave()
+    done, wall, cpu = _rows(p, b, lo, hi)
     if p.tuner is not None:
         p.tuner.record(done, wall, cpu)
+    if p.sizing is not None:
+        p.sized(done, wall, cpu)
     if done == hi - lo:
         rows_done(p, b, lo, hi)
 
 
 def _gated(p: Pipeline, load: Callable[..., int], *args: Any) -> int:
-    """``load(*args)`` (it returns the rows it loaded) through the pass's gate, its
-    rows, wall and thread CPU time reported to the tuner."""
-    gate = p.gate
-    if gate is not None:
-        gate.enter()
-    try:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        done = load(*args)
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    finally:
-        if gate is not None:
-            gate.leave()
+    """``load(*args)`` (it returns the rows it loaded), its rows, wall and thread CPU
+    time reported to the tuner (the pass's gate is passed in the pool, see
+    ``Pipeline.gate``)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    done = load(*args)
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     if p.tuner is not None:
         p.tuner.record(done, wall, cpu)
     return done

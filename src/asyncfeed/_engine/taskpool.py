@@ -11,6 +11,13 @@ process's rate (the "ceiling" bench workload).
 
 ``shutdown`` matches the executor's: ``cancel_futures`` drops queued tasks,
 ``wait`` joins the threads (a task already running is finished first).
+
+``admit(gate)`` makes a thread pass ``gate`` (an object with ``enter``,
+``leave`` and ``open``, see ``autotune.Gate``) before it takes a task, and leave
+it after the task: threads beyond the gate's limit wait there, holding no task.
+With the gate inside the task instead, every thread would take a task and park
+with it, and the tasks would go round the threads, one thread hand-off (and
+GIL hand-off) per task even with one thread allowed to run.
 """
 
 from __future__ import annotations
@@ -19,11 +26,21 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("asyncfeed")
 
 _STOP = None
+
+
+class Admission(Protocol):
+    """What ``TaskPool.admit`` takes (``autotune.Gate``)."""
+
+    def enter(self) -> None: ...
+
+    def leave(self) -> None: ...
+
+    def open(self) -> None: ...
 
 
 class TaskPool:
@@ -36,6 +53,7 @@ class TaskPool:
         self._lock = threading.Lock()
         self._shutdown = False
         self._initializer = initializer
+        self._gate: Admission | None = None
         self._threads = [threading.Thread(target=self._work, name=f"{thread_name_prefix}_{i}",
                                           daemon=False) for i in range(n)]
         for t in self._threads:
@@ -49,16 +67,30 @@ class TaskPool:
                 log.debug("asyncfeed: decode thread initializer failed", exc_info=True)
         get = self._q.get
         while True:
-            item = get()
-            if item is _STOP:
-                self._q.put(_STOP)  # wake the next thread too
-                return
-            fn, args = item
+            gate = self._gate
+            if gate is not None:
+                gate.enter()
             try:
-                fn(*args)
-            except BaseException:  # noqa: BLE001 - tasks report their own errors
-                log.exception("asyncfeed: a decode task raised")
-            del item, fn, args
+                item = get()
+                if item is _STOP:
+                    self._q.put(_STOP)  # wake the next thread too
+                    return
+                fn, args = item
+                try:
+                    fn(*args)
+                except BaseException:  # noqa: BLE001 - tasks report their own errors
+                    log.exception("asyncfeed: a decode task raised")
+                del item, fn, args
+            finally:
+                if gate is not None:
+                    gate.leave()
+
+    def admit(self, gate: Admission | None) -> None:
+        """From now on, a thread takes a task only inside ``gate`` (None: freely).
+        ``shutdown`` opens the gate, so no thread stays parked in it."""
+        self._gate = gate
+        if gate is not None and self._shutdown:
+            gate.open()
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -76,6 +108,9 @@ class TaskPool:
         with self._lock:
             first = not self._shutdown
             self._shutdown = True
+        gate = self._gate
+        if gate is not None:
+            gate.open()  # threads parked there go on to take _STOP
         if first:
             if cancel_futures:
                 while True:
