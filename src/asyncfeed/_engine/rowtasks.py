@@ -41,7 +41,7 @@ HOLD_GIL_BYTES = 1 << 19
 BULK_ROW_BYTES = 1 << 15
 
 
-def _copy_row(dst: Any, row: int, x: np.ndarray, nbytes: int) -> None:
+def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
     """``dst[row] = x`` (same shape and dtype), holding the GIL when the row is small
     and both sides are C-contiguous; byte for byte what NumPy's assignment writes."""
     if nbytes <= HOLD_GIL_BYTES and x.flags.c_contiguous:
@@ -158,7 +158,7 @@ class FlatWriter:
             else:
                 vdtype = v.dtype
                 stacked = bulk and nbytes >= BULK_ROW_BYTES
-                arrays = []
+                arrays: list[Any] = []
                 for x in col:
                     if type(x) is np.ndarray:
                         if x.shape != shape or x.dtype != vdtype:
