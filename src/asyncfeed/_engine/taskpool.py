@@ -12,9 +12,11 @@ process's rate (the "ceiling" bench workload).
 ``shutdown`` matches the executor's: ``cancel_futures`` drops queued tasks,
 ``wait`` joins the threads (a task already running is finished first).
 
-``admit(gate)`` makes a thread pass ``gate`` (an object with ``enter``,
-``leave`` and ``open``, see ``autotune.Gate``) before it takes a task, and leave
-it after the task: threads beyond the gate's limit wait there, holding no task.
+``admit(gate)`` (or ``gate=`` at construction) makes a thread pass ``gate`` (an
+object with ``enter``, ``leave`` and ``open``, see ``autotune.Gate``) before it
+takes a task, and leave it after the task: threads beyond the gate's limit wait
+there, holding no task (a thread already waiting for a task when ``admit`` is
+called puts the task it gets back and goes to the gate).
 With the gate inside the task instead, every thread would take a task and park
 with it, and the tasks would go round the threads, one thread hand-off (and
 GIL hand-off) per task even with one thread allowed to run.
@@ -47,13 +49,14 @@ class TaskPool:
     """``n`` threads named ``{prefix}_{i}`` (non-daemon) running submitted calls."""
 
     def __init__(self, n: int, thread_name_prefix: str,
-                 initializer: Callable[[], None] | None = None) -> None:
+                 initializer: Callable[[], None] | None = None,
+                 gate: Admission | None = None) -> None:
         self._q: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = \
             queue.SimpleQueue()
         self._lock = threading.Lock()
         self._shutdown = False
         self._initializer = initializer
-        self._gate: Admission | None = None
+        self._gate: Admission | None = gate
         self._threads = [threading.Thread(target=self._work, name=f"{thread_name_prefix}_{i}",
                                           daemon=False) for i in range(n)]
         for t in self._threads:
@@ -75,6 +78,14 @@ class TaskPool:
                 if item is _STOP:
                     self._q.put(_STOP)  # wake the next thread too
                     return
+                if gate is None and self._gate is not None:
+                    # admitted while this thread waited for a task: the task goes back
+                    # to the queue and this thread to the gate.  Waiting at the gate
+                    # with the task could deadlock: the thread inside may be waiting
+                    # for this very task.
+                    self._q.put(item)
+                    del item
+                    continue
                 fn, args = item
                 try:
                     fn(*args)

@@ -1,0 +1,266 @@
+"""How map-style rows reach the batch buffers, and how many threads tiny rows get.
+
+* ``FlatWriter.write_rows`` writes a whole task's rows column by column (small rows
+  copied holding the GIL, big ones in bulk with one ``torch.stack``): the bytes
+  must be the ones ``Layout.write_row`` writes, row by row.
+* Batches loaded by several tasks are written by the thread that finishes them
+  (``rowtasks.write_deferred``): batches still match DataLoader's bit for bit,
+  whatever the rows (read-only, strided, tensors, shapes that change mid-pass).
+* The decode pool passes the pass's gate before taking a task (``TaskPool.admit``).
+* A fresh adaptive loader measures its first tasks alone; tiny rows make it run
+  one thread (``Pipeline.sized``, ``Tuner.start_with``).
+
+Nothing here measures speed (that is ``asyncfeed bench``'s job).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from asyncfeed import AsyncLoader
+from asyncfeed._engine import rowtasks
+from asyncfeed._engine.autotune import WINDOW_S, WINDOWS_PER_SIDE, Gate, Tuner
+from asyncfeed._engine.layout import Layout
+from asyncfeed._engine.rowtasks import BULK_ROW_BYTES, FlatWriter
+from asyncfeed._engine.taskpool import TaskPool
+from support.oracle import assert_parity
+
+BIG = (3, 128, 128)  # 48 KiB of uint8: at least BULK_ROW_BYTES a row
+assert np.prod(BIG) >= BULK_ROW_BYTES
+
+
+def _rng_img(i: int, shape=BIG) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, shape, dtype=np.uint8)
+
+
+def _read_only(i: int) -> np.ndarray:
+    return np.frombuffer(_rng_img(i).tobytes(), np.uint8).reshape(BIG)
+
+
+# samples of row i, each kind a flat layout FlatWriter takes (or declines: complex)
+KINDS = {
+    "small-ndarray-int": lambda i: (_rng_img(i, (3, 8, 8)), i),
+    "big-ndarray-float": lambda i: (_rng_img(i), i / 7),
+    "big-read-only": lambda i: (_read_only(i), i),
+    "big-strided": lambda i: (_rng_img(i, BIG[1:] + BIG[:1]).transpose(2, 0, 1), i),
+    "big-tensor-bool": lambda i: (torch.from_numpy(_rng_img(i)), i % 2 == 0),
+    "complex-tensor": lambda i: (torch.full((4,), complex(i, -i), dtype=torch.complex64), i),
+    "strings": lambda i: [np.full((2, 2), i, np.int16), f"s{i}", bytes([i])],
+    "single-array": lambda i: _rng_img(i, (5,)).astype(np.float32),
+    "zero-d": lambda i: (np.array(i * 1.5), np.array(i, np.int32)),
+}
+
+
+def _same(a, b) -> None:
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x.view(torch.uint8) if x.dtype != torch.bool else x,
+                               y.view(torch.uint8) if y.dtype != torch.bool else y)
+        else:
+            assert x == y
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_write_rows_writes_the_bytes_write_row_writes(kind, bulk):
+    make = KINDS[kind]
+    samples = [make(i) for i in range(6)]
+    layout = Layout.infer(samples[0])
+    w = FlatWriter.for_layout(layout)
+    assert w is not None
+    a, b = layout.allocate(6), layout.allocate(6)
+    for bufs in (a, b):
+        for x in bufs:
+            if isinstance(x, torch.Tensor):
+                x.zero_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.from_numpy on a read-only array warns
+        # rows 1..5 in one run (row 0 left as zeros in both)
+        assert w.write_rows(a, layout.numpy_views(a), 1, 6, samples, bulk=bulk)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reference warns on read-only arrays
+        for row in range(1, 6):
+            layout.write_row(b, row, samples[row], layout.numpy_views(b))
+    _same(a, b)
+
+
+def test_write_rows_declines_a_run_it_cannot_write_as_one():
+    samples = [(_rng_img(i, (3, 4)), i) for i in range(4)]
+    layout = Layout.infer(samples[0])
+    w = FlatWriter.for_layout(layout)
+    bufs = layout.allocate(4)
+    views = layout.numpy_views(bufs)
+    for bad in [(_rng_img(9, (3, 5)), 1),            # another shape
+                (_rng_img(9, (3, 4)).astype(np.int8), 1),   # another dtype
+                (_rng_img(9, (3, 4)), 1.0),           # another scalar type
+                [_rng_img(9, (3, 4)), 1]]:            # another container
+        for bulk in (False, True):
+            assert not w.write_rows(bufs, views, 0, 4, samples[:3] + [bad], bulk=bulk)
+
+
+class BigRows:
+    """Rows of ``BIG`` bytes of one kind (see KINDS) and an int label."""
+
+    def __init__(self, kind: str, n: int = 40) -> None:
+        self.make, self.n = KINDS[kind], n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.make(i)
+
+
+class BigVarying(BigRows):
+    """Big rows whose shape changes from sample 16 on (at a batch of 8's start)."""
+
+    def __getitem__(self, i: int):
+        img, label = super().__getitem__(i)
+        return (img if i < 16 else img[:, :64]), label
+
+
+@pytest.fixture
+def deferred_calls(monkeypatch):
+    calls = []
+    real = rowtasks.write_deferred
+
+    def spy(p, b):
+        calls.append(b.k)
+        real(p, b)
+    monkeypatch.setattr(rowtasks, "write_deferred", spy)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["big-ndarray-float", "big-read-only", "big-strided",
+                                  "big-tensor-bool", "small-ndarray-int", "strings"])
+def test_batches_written_by_the_finishing_thread_match_dataloader(kind, deferred_calls):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        # three threads: every batch of 8 is split into several tasks
+        assert_parity(BigRows(kind), batch_size=8, shuffle=True, num_threads=3)
+    assert deferred_calls, "no batch was written by its finishing thread"
+
+
+def test_shapes_that_change_in_deferred_batches_are_collated(deferred_calls):
+    assert_parity(BigVarying("big-ndarray-float", 40), batch_size=8, num_threads=3)
+
+
+# ---------------------------------------------------------------- the pool's gate
+@pytest.mark.parametrize("late", [False, True])
+def test_threads_beyond_the_gate_take_no_task(late):
+    gate = Gate(1)
+    if late:  # admitted while the threads wait for tasks
+        pool = TaskPool(4, "asyncfeed-test-admit")
+        time.sleep(0.05)
+        pool.admit(gate)
+    else:
+        pool = TaskPool(4, "asyncfeed-test-admit", gate=gate)
+    release, started = threading.Event(), threading.Event()
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def task():
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        started.set()
+        release.wait(10)
+        with lock:
+            running[0] -= 1
+
+    try:
+        for _ in range(4):
+            pool.submit(task)
+        assert started.wait(10)
+        time.sleep(0.1)
+        assert running[0] == 1
+        if not late:
+            assert pool._q.qsize() == 3  # the parked threads hold no task
+        gate.set_limit(2)
+        release.set()
+    finally:
+        pool.shutdown(wait=True)
+    assert most[0] <= 2 and running[0] == 0
+
+
+def test_shutdown_opens_the_gate_threads_wait_at():
+    pool = TaskPool(3, "asyncfeed-test-admit")
+    pool.admit(Gate(0))  # nobody may take a task
+    ran = []
+    pool.submit(ran.append, 1)
+    pool.shutdown(wait=True, cancel_futures=True)
+    assert not [t for t in pool.threads if t.is_alive()]
+    assert ran == []
+
+
+# ------------------------------------------------------- threads for tiny rows
+def test_start_with_moves_the_limit_and_holds_it():
+    t = Tuner(size=4, cores=2, adaptive=True)
+    t.gate_for_pass()
+    t.start_with(1, "tiny", hold=3)
+    assert t.limit == 1 and t.moves == [(4, 1, "tiny")]
+    clock = [0.0]
+    # all busy at one thread: the tuner would probe up, but not while it holds
+    for _ in range((3 + 1) * WINDOWS_PER_SIDE):  # the pass's first window is not used
+        for _ in range(4):
+            clock[0] += WINDOW_S / 4 * 1.01
+            t.record(10, WINDOW_S / 4, WINDOW_S / 4, now=clock[0])
+    assert t.limit == 1
+    pinned = Tuner(size=4, cores=2, adaptive=False)
+    pinned.start_with(1, "tiny")
+    assert pinned.limit == 4 and pinned.moves == []
+
+
+class Tiny:
+    """Rows costing a few microseconds of Python."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int):
+        return np.full((3, 4, 4), i % 256, np.uint8), i
+
+
+class Sleepy(Tiny):
+    """Rows that wait 2 ms (the GIL released, no CPU): like a read from slow storage."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        time.sleep(0.002)
+        return super().__getitem__(i)
+
+
+def _sized(al: AsyncLoader) -> list[tuple[int, int, str]]:
+    return [m for m in al._tuner.moves if "measured alone" in m[2]]
+
+
+def test_tiny_rows_run_one_thread_from_the_first_pass():
+    with AsyncLoader(Tiny(), batch_size=16, shuffle=True,
+                     generator=torch.Generator().manual_seed(0)) as al:
+        if al._tuner.size < 2:
+            pytest.skip("one decode thread by default here")
+        got = list(al)
+        list(al)  # a second pass does not measure again
+        moves = _sized(al)
+    assert len(moves) == 1 and moves[0][:2] == (al._tuner.size, 1), al._tuner.moves
+    want = list(torch.utils.data.DataLoader(Tiny(), batch_size=16, shuffle=True,
+                                            generator=torch.Generator().manual_seed(0)))
+    from support.oracle import assert_same_batches
+    assert_same_batches(got, want)
+
+
+def test_rows_that_wait_keep_every_thread():
+    with AsyncLoader(Sleepy(), batch_size=8) as al:
+        list(al)
+        assert not _sized(al), al._tuner.moves
+    with AsyncLoader(Tiny(), batch_size=16, num_threads=3) as al:  # pinned: no sizing
+        list(al)
+        assert al._tuner.moves == []
