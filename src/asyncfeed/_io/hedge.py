@@ -293,7 +293,7 @@ class TailGuard:
                         return fut.result()
                     if error is None:
                         error = exc
-                if self.policy.adaptive_timeout:
+                if self.policy.adaptive_timeout and running:
                     lim = self.limits(hard)  # as of now: what just answered counts
                     for fut, progress in list(running.items()):
                         why = self._stalled(progress, lim, now)
