@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 
 import numpy as np
 import psutil
@@ -281,6 +282,25 @@ def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
     unknown.gate_for_pass(run_delay=lambda: None)  # no scheduler figures: the idle CPU
     _windows(unknown, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
     assert unknown.gil_bound is not None
+
+
+def test_one_thread_blocked_in_reads_gets_a_second():
+    """One running thread whose tasks keep only half a core busy, not queued for a
+    core: it waits for I/O (reads inside __getitem__), and a second thread reads
+    while it decodes.  (Without the blocked rule it stayed on one: busy < 70%.)"""
+    t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
+    t.gate_for_pass(run_delay=lambda: 0.0)
+    t.start_with(1, "the test starts on one")
+    clock = time.perf_counter()  # after the change start_with made
+    for _ in range(40):
+        k = t.limit
+        for _ in range(4):
+            dt = WINDOW_S / 4 * 1.01
+            clock += dt
+            for _ in range(k):  # each thread: half its task time on a core, half reading
+                t.record(20, dt, 0.5 * dt, now=clock)
+    assert t.limit >= 2, t.moves
+    assert t.gil_bound is None
 
 
 def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():

@@ -11,8 +11,11 @@ wall time and thread CPU time; over short windows the tuner computes the rate
   more than 3%, since fewer threads that do as much cost less CPU and less GIL
   traffic (on tiny samples they do *more*: every hand-off of the GIL between
   threads costs more than the sample);
-* up (never past the pool's size) when the threads allowed are all busy --
-  kept only if the rate rises by at least 5%.
+* up (never past the pool's size) when the threads allowed are all busy, or
+  when one thread spends at least ``BLOCKED`` of its task time neither on a
+  core nor queued for one (it waits for I/O inside the per-sample function:
+  the tasks keep less than a core busy, yet a second thread would read while
+  it decodes) -- kept only if the rate rises by at least 5%.
 
 A probe down that is kept while about one core was ever busy, with the threads
 spending at least ``GIL_WAIT`` of their task time neither running nor queued
@@ -54,6 +57,8 @@ GIL_CORES = 1.3            # at most this many cores busy, whatever the threads:
 GIL_MIN_CORES = 0.5        # ... and at least this many: something holds the GIL (not I/O)
 GIL_WAIT = 0.2             # share of the tasks' wall time spent neither running nor
                            # waiting for a core (so: waiting for the GIL) with more threads
+BLOCKED = 0.3             # one thread blocked (off a core, not queued) this share of its
+                           # task time waits for I/O: worth probing a second thread
 PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a process hop
 IDLE_SHARE = 0.25          # where run-queue delay cannot be read: the machine must have had
                            # this share of its CPU idle (threads that wait for a core
@@ -303,7 +308,9 @@ class Tuner:
             # straight to the cores the tasks kept busy (a GIL-bound set keeps about
             # one), then verified like any probe
             nxt = max(1, min(self._down(n), math.ceil(0.9 * used)))
-        elif n < self.size and busy >= BUSY:
+        elif n < self.size and (busy >= BUSY or (n == 1 and (gil_wait or 0.0) >= BLOCKED)):
+            # all busy, or one thread that spends much of its tasks blocked (no other
+            # decode thread holds the GIL: it waits for I/O, e.g. reads in __getitem__)
             nxt = self._up(n)
         else:
             return
