@@ -189,6 +189,46 @@ def test_threads_beyond_the_gate_take_no_task(late):
     assert most[0] <= 2 and running[0] == 0
 
 
+def test_threads_keep_their_place_until_the_limit_goes_down():
+    gate = Gate(3)
+    pool = TaskPool(3, "asyncfeed-test-admit", gate=gate)
+    running, most, names = [0], [0], set()
+    lock = threading.Lock()
+
+    def task():
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            names.add(threading.current_thread().name)
+        time.sleep(0.002)
+        with lock:
+            running[0] -= 1
+
+    def run(n: int) -> None:
+        done = threading.Semaphore(0)
+        for _ in range(n):
+            pool.submit(lambda: (task(), done.release()))
+        for _ in range(n):
+            assert done.acquire(timeout=10)
+
+    try:
+        run(30)
+        assert most[0] >= 2  # three places: tasks ran side by side
+        gate.set_limit(1)
+        for _ in range(50):  # each holder over the limit leaves after its next task
+            run(3)
+            if gate._active == 1:
+                break
+        assert gate._active == 1
+        most[0] = 0
+        names.clear()
+        run(30)
+        assert most[0] == 1 and len(names) == 1  # one place: one thread, task after task
+        assert gate._active == 1
+    finally:
+        pool.shutdown(wait=True)
+
+
 def test_shutdown_opens_the_gate_threads_wait_at():
     pool = TaskPool(3, "asyncfeed-test-admit")
     pool.admit(Gate(0))  # nobody may take a task

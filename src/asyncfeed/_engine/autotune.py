@@ -89,6 +89,12 @@ class Gate:
             self._active -= 1
             self._cond.notify()
 
+    def over(self) -> bool:
+        """Whether more tasks hold the gate than its limit allows now: a holder that
+        keeps its place between tasks (``TaskPool``) should leave (read without
+        the lock: a stale answer only delays that by one task)."""
+        return self._active > self.limit and not self._open
+
     def set_limit(self, limit: int) -> None:
         with self._cond:
             self.limit = limit

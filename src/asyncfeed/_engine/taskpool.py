@@ -14,7 +14,8 @@ process's rate (the "ceiling" bench workload).
 
 ``admit(gate)`` (or ``gate=`` at construction) makes a thread pass ``gate`` (an
 object with ``enter``, ``leave`` and ``open``, see ``autotune.Gate``) before it
-takes a task, and leave it after the task: threads beyond the gate's limit wait
+takes a task; a thread keeps its place from task to task and leaves when the
+gate says it is over its limit (``over``).  Threads beyond the limit wait
 there, holding no task (a thread already waiting for a task when ``admit`` is
 called puts the task it gets back and goes to the gate).
 With the gate inside the task instead, every thread would take a task and park
@@ -41,6 +42,8 @@ class Admission(Protocol):
     def enter(self) -> None: ...
 
     def leave(self) -> None: ...
+
+    def over(self) -> bool: ...
 
     def open(self) -> None: ...
 
@@ -69,11 +72,12 @@ class TaskPool:
             except Exception:  # noqa: BLE001 - an optimisation, never a reason to fail
                 log.debug("asyncfeed: decode thread initializer failed", exc_info=True)
         get = self._q.get
-        while True:
-            gate = self._gate
-            if gate is not None:
-                gate.enter()
-            try:
+        gate: Admission | None = None  # the gate this thread holds a place in
+        try:
+            while True:
+                if gate is None and self._gate is not None:
+                    gate = self._gate
+                    gate.enter()
                 item = get()
                 if item is _STOP:
                     self._q.put(_STOP)  # wake the next thread too
@@ -92,9 +96,15 @@ class TaskPool:
                 except BaseException:  # noqa: BLE001 - tasks report their own errors
                     log.exception("asyncfeed: a decode task raised")
                 del item, fn, args
-            finally:
-                if gate is not None:
+                # keep the place for the next task unless the limit went down: leaving
+                # and entering again would wake a parked thread (which then finds
+                # the place taken) after every task
+                if gate is not None and gate.over():
                     gate.leave()
+                    gate = None
+        finally:
+            if gate is not None:
+                gate.leave()
 
     def admit(self, gate: Admission | None) -> None:
         """From now on, a thread takes a task only inside ``gate`` (None: freely).
