@@ -304,3 +304,40 @@ def test_rows_that_wait_keep_every_thread():
     with AsyncLoader(Tiny(), batch_size=16, num_threads=3) as al:  # pinned: no sizing
         list(al)
         assert al._tuner.moves == []
+
+
+# ------------------------------------------- the consumer gets the GIL at once
+def _handoff():
+    from asyncfeed._engine.handoff import BatchHandoff, PassConfig
+    from asyncfeed._engine.runtime import Runtime
+    rt = Runtime(1, with_loop=False)
+    h = BatchHandoff(PassConfig(batch_size=1, collate=list), runtime=rt, copy=None)
+    h.submitted = 2  # two batches planned: wait() waits for them
+    return rt, h
+
+
+def test_the_thread_that_readies_the_awaited_batch_waits_until_it_is_taken(monkeypatch):
+    from asyncfeed._engine import handoff
+    from asyncfeed._engine.pipeline import Batch
+    monkeypatch.setattr(handoff, "HAND_S", 30.0)  # only the consumer ends the wait
+    rt, h = _handoff()
+    got = []
+    try:
+        consumer = threading.Thread(target=lambda: got.append(h.wait(0, timeout=30)),
+                                    name="asyncfeed-test-consumer")
+        consumer.start()
+        for _ in range(1000):
+            if h._awaited == 0:
+                break
+            time.sleep(0.01)
+        assert h._awaited == 0
+        b = Batch(0, [0], "collate")
+        h._mark_ready(b)
+        assert 0 not in h.ready  # taken before _mark_ready returned
+        consumer.join(10)
+        assert got == [b]
+        # nobody waits for batch 1: readying it does not wait
+        h._mark_ready(Batch(1, [1], "collate"))
+        assert h._handing is None and 1 in h.ready
+    finally:
+        rt.close()

@@ -46,6 +46,10 @@ class PassState(enum.Enum):
 
 _ENDED = frozenset({PassState.FINISHED, PassState.CLOSED})
 
+#: the longest a thread that readied the batch the consumer waits for waits for the
+#: consumer to take it (see ``BatchHandoff._mark_ready``)
+HAND_S = 0.002
+
 
 @dataclass(frozen=True)
 class PassConfig:
@@ -97,6 +101,10 @@ class BatchHandoff:
         self.auto_collation = config.auto_collation
         self.cond = threading.Condition()
         self.ready: dict[int, Batch] = {}
+        # the batch the consumer is blocked waiting for (-1: any; None: not waiting),
+        # and the hand-over of the GIL to it (see _mark_ready)
+        self._awaited: int | None = None
+        self._handing: Any = None  # the lock a readying thread waits on until it is taken
         self.submitted = 0          # batches submitted so far (= next k)
         self.taken = 0              # batches handed to the consumer
         self.state = PassState.RUNNING
@@ -175,9 +183,16 @@ class BatchHandoff:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise LoaderTimeout(self._timeout_message(k, timeout))
-                self.cond.wait(remaining if remaining is not None else 1.0)
+                self._awaited = -1 if k is None else k
+                try:
+                    self.cond.wait(remaining if remaining is not None else 1.0)
+                finally:
+                    self._awaited = None
 
     def _queued(self, b: Batch) -> Batch:
+        if self._handing is not None:  # (cond held) a thread that readied it waits
+            self._handing.release()
+            self._handing = None
         self.acct.add_wall(QUEUE, time.perf_counter() - b.t_ready)
         return b
 
@@ -211,11 +226,24 @@ class BatchHandoff:
 
     # ------------------------------------------------------------------ workers
     def _mark_ready(self, b: Batch) -> None:
+        """``b`` is ready (any thread).  When the consumer is blocked waiting for
+        it, this thread then waits (at most ``HAND_S``) until the consumer has
+        taken it: the consumer gets the GIL at once, instead of waiting for it
+        while this thread goes on with Python and wakes it at every release of
+        the GIL (NumPy lets go of it for every copy), up to a switch interval."""
         b.t_ready = time.perf_counter()
         with self.cond:
             self._tracked.pop(b.k, None)
             self.ready[b.k] = b
             self.cond.notify_all()
+            hand = None
+            if HAND_S > 0 and self._handing is None and self._awaited in (-1, b.k):
+                hand = self._handing = threading.Lock()
+                hand.acquire()
+        if hand is not None and not hand.acquire(timeout=HAND_S):
+            with self.cond:
+                if self._handing is hand:
+                    self._handing = None  # not taken in time: nobody releases it now
 
     def to_target(self, host: Any) -> tuple[Any, Any]:
         """Pin or start the device copy of a host batch; returns (batch, event)."""
