@@ -275,9 +275,23 @@ def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
         t.gate_for_pass(run_delay=lambda: delay[0])
         _threaded_windows(t, delay, 2500.0, lambda k: queued, 20, row_s=4e-3)
         assert (t.gil_bound is not None) is bound, (queued, t.gil_bound, t.moves)
-        if bound:
-            assert "75% of it waiting" in t.gil_bound
         assert t.limit < 4  # fewer threads did as much either way
+    # hand-offs of the GIL wake threads, and wake-ups count as run-queue delay: the
+    # GIL probe, which found the GIL held most of the time, tells it from a busy machine
+    for held_share, bound in ((0.7, True), (0.1, False)):
+        delay, probe = [0.0], [0, 0]
+
+        def held() -> tuple[int, int]:
+            probe[1] += 10  # the probe wakes 50 times a second
+            probe[0] = round(held_share * probe[1])
+            return probe[0], probe[1]
+
+        t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
+        t.gate_for_pass(run_delay=lambda: delay[0], gil_held=held)
+        _threaded_windows(t, delay, 2500.0, lambda k: 1.0, 20, row_s=4e-3)
+        assert (t.gil_bound is not None) is bound, (held_share, t.gil_bound, t.moves)
+        if bound:
+            assert "GIL held 70% of the time" in t.gil_bound
     unknown = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
     unknown.gate_for_pass(run_delay=lambda: None)  # no scheduler figures: the idle CPU
     _windows(unknown, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)

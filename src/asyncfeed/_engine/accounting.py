@@ -32,7 +32,8 @@ thread-count controller); small on purpose:
   is the window between two snapshots; :func:`analyse` turns a snapshot or a
   window into an :class:`Analysis` (gil share, busy threads, per-resource load,
   the bottleneck).
-- ``acct.threads_run_delay()``: the decode threads' run-queue delay so far,
+- ``acct.threads_run_delay()``, ``acct.gil_held()``: the decode threads' run-queue
+  delay so far, the GIL probe's counts,
   which the adaptive thread count reads once per window to tell threads that
   wait for the GIL from threads that wait for a core.
 
@@ -261,6 +262,10 @@ class Accounting:
                 a.delay = d
                 total += d - a.delay0
         return total
+
+    def gil_held(self) -> tuple[int, int]:
+        """The GIL probe's running counts: (wake-ups that found the GIL held, wake-ups)."""
+        return self.probe.held, self.probe.probes
 
     def snapshot(self) -> Snapshot:
         """Cumulative figures since the pass started (any thread; cheap: sums a few

@@ -42,6 +42,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 log = logging.getLogger("asyncfeed")
 
@@ -59,6 +60,8 @@ GIL_WAIT = 0.2             # share of the tasks' wall time spent neither running
                            # waiting for a core (so: waiting for the GIL) with more threads
 BLOCKED = 0.3             # one thread blocked (off a core, not queued) this share of its
                            # task time waits for I/O: worth probing a second thread
+GIL_HELD = 0.5            # ... or the GIL probe found it held this share of the time
+GIL_MIN_PROBES = 4         # (over at least this many of its wake-ups at that level)
 PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a process hop
 IDLE_SHARE = 0.25          # where run-queue delay cannot be read: the machine must have had
                            # this share of its CPU idle (threads that wait for a core
@@ -119,6 +122,10 @@ class Tuner:
         # cumulative run-queue delay of the decode threads (seconds; None: unknown),
         # given per pass by gate_for_pass
         self._run_delay: Callable[[], float | None] | None = None
+        # the GIL probe's running (held, probes) counts, given per pass; the
+        # reading when the current limit was set
+        self._gil_held: Callable[[], tuple[int, int]] | None = None
+        self._held_at_set: tuple[int, int] | None = None
         self._delay_at_start: float | None = None
         self._warming = False
         self.cores = max(1, cores)
@@ -138,23 +145,28 @@ class Tuner:
         # per window: (rate, cores busy, GIL wait share or None, machine idle share or None)
         self._seen: list[tuple[float, float, float | None, float | None]] = []
         # (limit, rate, cores busy, GIL wait share, machine idle share) before the probe
-        self._probe: tuple[int, float, float, float | None, float | None] | None = None
+        self._probe: _Before | None = None
         # why the per-sample function was found to hold the GIL (None: not found so)
         self.gil_bound: str | None = None
         self._hold = 0
         self._backoff = 2
 
     # ------------------------------------------------------------------ passes
-    def gate_for_pass(self, run_delay: Callable[[], float | None] | None = None
+    def gate_for_pass(self, run_delay: Callable[[], float | None] | None = None,
+                      gil_held: Callable[[], tuple[int, int]] | None = None
                       ) -> Gate | None:
         """A fresh gate at the current limit (None when nothing adapts).
 
         ``run_delay``: reads the cumulative run-queue delay (seconds) of the pass's
         decode threads, or None where the scheduler does not say (see
         ``Accounting.threads_run_delay``); without it the GIL test falls back on
-        the machine's idle CPU."""
+        the machine's idle CPU.  ``gil_held``: reads the pass's GIL probe's running
+        counts (wake-ups that found the GIL held, wake-ups), see
+        :class:`~asyncfeed._engine.gilprobe.GilProbe`."""
         with self._lock:
             self._run_delay = run_delay
+            self._gil_held = gil_held
+            self._held_at_set = gil_held() if gil_held is not None else None
             self._warming = True  # a pass's first window (threads starting) is not used
             self._w_start = None
             self._w_rows = self._w_tasks = 0
@@ -242,6 +254,17 @@ class Tuner:
             return None
         return (end[0] - start[0]) / (end[1] - start[1])
 
+    def _held_share(self) -> float | None:
+        """The share of the GIL probe's wake-ups since the current limit was set that
+        found the GIL held (None: no probe, or fewer than ``GIL_MIN_PROBES``)."""
+        if self._gil_held is None or self._held_at_set is None:
+            return None
+        held, probes = self._gil_held()
+        held0, probes0 = self._held_at_set
+        if probes - probes0 < GIL_MIN_PROBES:
+            return None
+        return (held - held0) / (probes - probes0)
+
     def _set(self, limit: int, why: str, now: float) -> None:
         if limit == self.limit:
             return
@@ -249,6 +272,7 @@ class Tuner:
         self.moves.append((self.limit, limit, why))
         self.limit = limit
         self._changed_at = now
+        self._held_at_set = self._gil_held() if self._gil_held is not None else None
         self._seen = []
         self._w_start = None
         self._w_rows = self._w_tasks = 0
@@ -277,26 +301,28 @@ class Tuner:
         idle_share = _mean([x[3] for x in self._seen])
         self._seen = []
         if self._probe is not None:
-            before, before_rate, before_used, before_gil, before_idle = self._probe
+            before, before_rate, before_used, before_gil, before_idle, before_held = \
+                self._probe
             self._probe = None
             down = n < before
             kept = rate >= before_rate * (DOWN_TOLERANCE if down else UP_GAIN)
             if kept and down and self.gil_bound is None and self.cores > 1 \
                     and GIL_MIN_CORES <= before_used < GIL_CORES and used < GIL_CORES \
-                    and _gil_waited(before_gil, before_idle) \
+                    and _gil_waited(before_gil, before_idle, before_held) \
                     and (self.row_cost_s or 0) >= PROCESS_MIN_ROW_S:
                 # fewer threads did as much, about one core was ever busy, and the
                 # threads waited neither on a core nor on I/O: the per-sample
                 # function holds the GIL (a process stage can run it in parallel)
-                waited = "" if before_gil is None else f", {before_gil:.0%} of it waiting"
+                seen = "" if before_held is None else f", GIL held {before_held:.0%} of the time"
                 self.gil_bound = (f"gil: {before_used:.2f} cores busy with {before} threads"
-                                  f"{waited}, {before_rate:,.0f} rows/s; {rate:,.0f} with {n}")
+                                  f"{seen}, {before_rate:,.0f} rows/s; {rate:,.0f} with {n}")
                 log.debug("asyncfeed: %s", self.gil_bound)
             if kept:
                 self._backoff = 2
                 nxt = self._down(n) if down else self._up(n)
                 if nxt != n and (not down or used < BUSY * min(n, self.cores)):
-                    self._probe = (n, rate, used, gil_wait, idle_share)
+                    self._probe = _Before(n, rate, used, gil_wait, idle_share,
+                                          self._held_share())
                     self._set(nxt, f"{rate:,.0f} rows/s at {n}, probing {nxt}", now)
                 else:
                     self._hold = 4
@@ -320,9 +346,20 @@ class Tuner:
             nxt = self._up(n)
         else:
             return
-        self._probe = (n, rate, used, gil_wait, idle_share)
+        self._probe = _Before(n, rate, used, gil_wait, idle_share, self._held_share())
         self._set(nxt, f"{rate:,.0f} rows/s at {n}, {used:.2f} cores busy: probing {nxt}",
                   now)
+
+
+class _Before(NamedTuple):
+    """The level a probe left: its limit and what its last windows measured."""
+
+    limit: int
+    rate: float
+    used: float
+    gil: float | None    # blocked share of the tasks' time (None: no run-queue figures)
+    idle: float | None   # the machine's idle share (None: not read)
+    held: float | None   # the GIL probe's held share at that level (None: too few probes)
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -330,10 +367,16 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def _gil_waited(gil_wait: float | None, idle_share: float | None) -> bool:
-    """Whether threads that kept about one core busy were held by the GIL: their
-    measured wait share where the run-queue delay was read, else (no
-    scheduler figures) a machine with idle CPU left."""
+def _gil_waited(gil_wait: float | None, idle_share: float | None,
+               held: float | None = None) -> bool:
+    """Whether threads that kept about one core busy were held by the GIL: the GIL
+    probe found it held at least ``GIL_HELD`` of the time, or the threads'
+    measured wait share (where the run-queue delay was read; hand-offs of the
+    GIL wake threads, and the wake-up counts as run-queue delay, so code that
+    hands it over often reads low here), else (no scheduler figures) a machine
+    with idle CPU left."""
+    if held is not None and held >= GIL_HELD:
+        return True
     if gil_wait is not None:
         return gil_wait >= GIL_WAIT
     return idle_share is None or idle_share >= IDLE_SHARE  # nothing to tell: as measured

@@ -387,7 +387,8 @@ class AsyncLoader(Generic[T_co]):
                             copy=self._copy)
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
         pipeline.tuner = self._tuner
-        pipeline.gate = self._tuner.gate_for_pass(run_delay=pipeline.acct.threads_run_delay)
+        pipeline.gate = self._tuner.gate_for_pass(run_delay=pipeline.acct.threads_run_delay,
+                                                  gil_held=pipeline.acct.gil_held)
         pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
         if self.execution != "threads" and not self._use_fetch:
             ex, tuner = self._exec, self._tuner
