@@ -316,3 +316,40 @@ def test_consumer_blocked_in_next_is_told_its_pass_was_superseded():
     assert "superseded" in str(caught[0]), caught[0]
     assert len(list(it2)) == 2
     loader.close()
+
+
+class _Small:
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((4,), i)
+
+
+def test_a_bug_in_a_row_task_fails_the_pass_instead_of_hanging(monkeypatch):
+    """What a decode task raises outside the per-sample handling (a bug of ours)
+    reaches the consumer; before, the pool only logged it and ``next()`` waited for
+    the batch's rows for ever."""
+    from asyncfeed._engine import rowtasks
+
+    def broken_rows(*args):
+        raise RuntimeError("row task broke")
+
+    monkeypatch.setattr(rowtasks, "_rows", broken_rows)
+    with AsyncLoader(_Small(), batch_size=8, timeout=20) as loader:
+        with pytest.raises(RuntimeError, match="row task broke"):
+            for _ in loader:
+                pass
+
+
+def test_a_bug_in_the_tuner_is_logged_and_loses_only_tuning(monkeypatch, caplog):
+    from asyncfeed._engine.autotune import Tuner
+
+    def broken_record(self, *args, **kw):
+        raise RuntimeError("tuner broke")
+
+    monkeypatch.setattr(Tuner, "record", broken_record)
+    with AsyncLoader(_Small(), batch_size=8, timeout=20) as loader:
+        got = torch.cat([b for b in loader])
+    assert sorted(got[:, 0].tolist()) == list(range(64))
+    assert "the adaptive thread count failed" in caplog.text

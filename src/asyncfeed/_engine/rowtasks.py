@@ -14,6 +14,7 @@ once) and reports its rows, wall and CPU time to the loader's
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ import torch
 
 from .accounting import ASSEMBLE, DECODE
 from .layout import _PY_SCALARS, Layout, LayoutMismatch, _Leaf
+
+log = logging.getLogger("asyncfeed")
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import Batch, Pipeline
@@ -208,11 +211,19 @@ def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
     they were its last.  Returns at once when the pass is stopping."""
     if p.stopping:
         return
-    done, wall, cpu = _rows(p, b, lo, hi)
-    if p.tuner is not None:
-        p.tuner.record(done, wall, cpu)
-    if p.sizing is not None:
-        p.sized(done, wall, cpu)
+    try:
+        done, wall, cpu = _rows(p, b, lo, hi)
+    except BaseException as e:  # noqa: BLE001 - a bug of ours: the batch fails with it
+        with p.cond:            # (the pool only logs what a task raises: the consumer
+            b.error = b.error or e  # would wait for these rows for ever)
+        done, wall, cpu = hi - lo, 0.0, 0.0
+    try:
+        if p.tuner is not None:
+            p.tuner.record(done, wall, cpu)
+        if p.sizing is not None:
+            p.sized(done, wall, cpu)
+    except Exception:  # noqa: BLE001 - the rows are done; only tuning is lost
+        log.exception("asyncfeed: the adaptive thread count failed")
     if done == hi - lo:
         rows_done(p, b, lo, hi)
 
@@ -225,7 +236,10 @@ def _gated(p: Pipeline, load: Callable[..., int], *args: Any) -> int:
     done = load(*args)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     if p.tuner is not None:
-        p.tuner.record(done, wall, cpu)
+        try:
+            p.tuner.record(done, wall, cpu)
+        except Exception:  # noqa: BLE001 - the sample is done; only tuning is lost
+            log.exception("asyncfeed: the adaptive thread count failed")
     return done
 
 
