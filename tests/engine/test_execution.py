@@ -298,6 +298,22 @@ def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
     assert unknown.gil_bound is not None
 
 
+def test_gil_held_nearly_always_by_several_threads_is_enough_without_a_probe():
+    delay, probe = [0.0], [0, 0]
+
+    def held() -> tuple[int, int]:
+        probe[1] += 10
+        probe[0] = round(0.8 * probe[1])
+        return probe[0], probe[1]
+
+    t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
+    t.gate_for_pass(run_delay=lambda: delay[0], gil_held=held)
+    _threaded_windows(t, delay, 2500.0, lambda k: 1.0, 3, row_s=4e-3)  # warm-up + two
+    assert t.gil_bound is not None and "GIL held 80% of the time" in t.gil_bound
+    # decided at the first level (4 threads), before any probe down came back
+    assert "with 4 threads" in t.gil_bound and ";" not in t.gil_bound, t.gil_bound
+
+
 def test_one_thread_blocked_in_reads_gets_a_second():
     """One running thread whose tasks keep only half a core busy, not queued for a
     core: it waits for I/O (reads inside __getitem__), and a second thread reads
