@@ -312,15 +312,15 @@ def test_guard_limits_follow_observed_latency():
         guard._latency.observe(0.01 + i * 1e-4)
         guard._ttfb.observe(0.001)
     lim = guard.limits(30.0)
-    assert 0.015 < lim.hedge < 0.025                 # p95 of whole reads
-    assert lim.idle == 0.5 and lim.whole == 0.5      # 4 x p99 is under the floor
+    assert 0.015 < lim.hedge < 0.025                 # p98 of whole reads
+    assert lim.idle == 0.5 and lim.whole == 0.5      # 2 x p99 is under the floor
     for _ in range(300):
         guard._latency.observe(1.0)
-        guard._ttfb.observe(0.2)
+        guard._ttfb.observe(0.3)
     lim = guard.limits(2.0)
-    assert lim.hedge == 1.0 and abs(lim.idle - 0.8) < 1e-9  # 4 x time to first byte
+    assert lim.hedge == 1.0 and abs(lim.idle - 0.6) < 1e-9  # 2 x time to first byte
     assert lim.whole == math.inf                     # at or past the hard cap: never
-    assert guard.limits(0.7).idle == math.inf
+    assert guard.limits(0.6).idle == math.inf
     assert TailGuard(TailPolicy(adaptive_timeout=False), ReadStats()).limits(30.0)[1:] \
         == (math.inf, math.inf)
     with pytest.raises(ValueError):

@@ -109,7 +109,7 @@ class FsspecSource:
     adaptive_timeout, stall_factor, stall_floor:
         Abandon and retry a stalled attempt well before ``timeout``, which stays
         the hard cap: on the lean client's reads, one that has received no byte
-        for ``stall_factor`` (4) times the observed 99th percentile of time to
+        for ``stall_factor`` (2) times the observed 99th percentile of time to
         first byte (at least ``stall_floor``, 0.5 s), so a large object still
         streaming is never abandoned; on reads through fsspec (which cannot
         report progress), one running ``stall_factor`` times the 99th percentile
@@ -132,7 +132,7 @@ class FsspecSource:
                  cache_verify: bool = True, max_connections: int = 256,
                  list_concurrency: int = 32, fast: bool = True, hedge: bool | None = None,
                  hedge_budget: float = 0.05, adaptive_timeout: bool = True,
-                 stall_factor: float = 4.0, stall_floor: float = 0.5) -> None:
+                 stall_factor: float = 2.0, stall_floor: float = 0.5) -> None:
         root = os.fspath(root)
         if "://" not in root:
             raise ValueError(f"not a URL: {root!r}")

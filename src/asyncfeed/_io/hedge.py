@@ -2,7 +2,7 @@
 
 One attempt of a read (one request) is run by :meth:`TailGuard.attempt`:
 
-- **Hedging**: an attempt still outstanding past the ``hedge_quantile`` (0.95) of
+- **Hedging**: an attempt still outstanding past the ``hedge_quantile`` (0.98) of
   recently observed latency is sent a second time; the first answer wins and the
   other request is cancelled (its connection closed, never pooled half-read).
   Extra requests are bounded by a token budget: each read earns ``hedge_budget``
@@ -16,7 +16,7 @@ One attempt of a read (one request) is run by :meth:`TailGuard.attempt`:
 - **Adaptive timeout, by progress**: an attempt whose client reports what it
   receives (the lean HTTP client of :mod:`asyncfeed._io.http11`, so plain
   ``http(s)`` and the signed S3 GETs; see :mod:`asyncfeed._io.progress`) is
-  abandoned as a stall when no byte has arrived for ``stall_factor`` (4) times
+  abandoned as a stall when no byte has arrived for ``stall_factor`` (2) times
   the observed 99th percentile of *time to first byte*, at least ``stall_floor``
   (0.5) seconds: a request silent before its headers, or after them, is retried
   long before the source's fixed ``timeout``, while a large or slow object whose
@@ -93,11 +93,11 @@ class TailPolicy:
     """
 
     hedge: bool = True
-    hedge_quantile: float = 0.95
+    hedge_quantile: float = 0.98
     hedge_budget: float = 0.05
     hedge_after_later: int = 4
     adaptive_timeout: bool = True
-    stall_factor: float = 4.0
+    stall_factor: float = 2.0
     stall_floor: float = 0.5
 
     def __post_init__(self) -> None:
