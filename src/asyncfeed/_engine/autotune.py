@@ -25,8 +25,11 @@ GIL), marks the per-sample function as holding the GIL (``gil_bound``): the
 loader's ``execution="auto"`` then moves it to worker processes.
 
 Where the GIL probe found the GIL held at least ``GIL_HELD_NOW`` of the time
-with several threads running and about one core busy, that alone marks it:
-a short epoch should not spend a fifth of itself proving it by a probe down.
+with several threads running and cores left idle (``SPARE_CORES``), that alone
+marks it, even where the function's GIL-free part keeps more than one core busy
+(workload (c): 1.5 of 2 cores with two threads, the GIL held 65-80% of the
+time): a short epoch should not spend a fifth of itself proving it by a probe
+down, and worker processes use the idle cores.
 
 A probe that fails is undone and the next probe waits twice as many windows
 (2, 4, ... 64): decisions are damped, never oscillate faster than that, and
@@ -65,8 +68,9 @@ GIL_WAIT = 0.2             # share of the tasks' wall time spent neither running
 BLOCKED = 0.3             # one thread blocked (off a core, not queued) this share of its
                            # task time waits for I/O: worth probing a second thread
 GIL_HELD = 0.5            # ... or the GIL probe found it held this share of the time
-GIL_HELD_NOW = 0.65       # held this share with several threads running and about one
-                           # core busy: GIL-bound without waiting for a probe down
+GIL_HELD_NOW = 0.5        # held this share with several threads running and at least
+SPARE_CORES = 0.3          # this much of the cores left idle: GIL-bound without waiting
+                           # for a probe down
 GIL_MIN_PROBES = 4         # (over at least this many of its wake-ups at that level)
 PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a process hop
 IDLE_SHARE = 0.25          # where run-queue delay cannot be read: the machine must have had
@@ -339,12 +343,13 @@ class Tuner:
                                   f"{before}: back", now)
             return
         if self.gil_bound is None and n > 1 and self.cores > 1 \
-                and GIL_MIN_CORES <= used < GIL_CORES \
+                and GIL_MIN_CORES <= used <= self.cores - SPARE_CORES \
                 and (self.row_cost_s or 0) >= PROCESS_MIN_ROW_S:
             held = self._held_share()
             if held is not None and held >= GIL_HELD_NOW:
-                # several threads running, about one core busy, the GIL held nearly all
-                # the time: no need to wait for a probe down to show it
+                # several threads running, cores left idle, the GIL held nearly all the
+                # time: Python is the limit (its GIL-free part may keep more than one
+                # core busy), and no need to wait for a probe down to show it
                 self.gil_bound = (f"gil: {used:.2f} cores busy with {n} threads, "
                                   f"GIL held {held:.0%} of the time, {rate:,.0f} rows/s")
                 log.debug("asyncfeed: %s", self.gil_bound)
