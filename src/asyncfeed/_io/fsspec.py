@@ -101,7 +101,7 @@ class FsspecSource:
     list_concurrency:
         Directory listings in flight while listing the root.
     hedge:
-        Send a second request for a read still outstanding past the 95th
+        Send a second request for a read still outstanding past the 98th
         percentile of recent latency (first answer wins, the other is
         cancelled), at most ``hedge_budget`` extra requests per read (default
         5%).  ``None`` (default): on, except for S3 requester-pays buckets.
