@@ -5,8 +5,10 @@ run in its own process, medians.
     git archive <parent> src | tar -x -C /tmp/base
     python bench/accounting_overhead.py /tmp/base/src src 10   # against another checkout
 
-``off`` runs ``src`` with the accounting's methods replaced by no-ops and no GIL
-probe (done in the measuring process only; the library has no switch for it).
+``off`` runs ``src`` with the accounting's bookkeeping replaced by bare clock reads
+(the row tasks' own timing, which sizes tasks and feeds the adaptive thread count,
+uses the same clocks) and no GIL probe (done in the measuring process only; the
+library has no switch for it).
 
 Each run: ImageFolder on the synthetic set (thread reads), AsyncLoader with
 execution="threads", batch 32, a warm-up epoch then two epochs of 640 samples;
@@ -19,9 +21,11 @@ import subprocess
 import sys
 
 OFF = r'''
+import time as _t
 from asyncfeed._engine import accounting as _a, gilprobe as _g
-_a.Accounting.begin = staticmethod(lambda: None)
-_a.Accounting.end = lambda self, stage, t, count=1: t
+# the clocks stay: row tasks time themselves with them, and the task sizing and the
+# adaptive count need that time; what goes is the bookkeeping and the probe
+_a.Accounting.end = lambda self, stage, t, count=1: (_t.perf_counter(), _t.thread_time())
 _a.Accounting.add_wall = lambda self, stage, seconds, count=1: None
 _g.GilProbe.start = lambda self: None
 '''
