@@ -19,6 +19,7 @@ from asyncfeed import AsyncLoader
 from asyncfeed._engine.autotune import WINDOW_S, Gate, Tuner, rows_per_task
 from asyncfeed._engine.layout import Layout
 from asyncfeed._engine.rowtasks import FlatWriter
+from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import MixedFixed, TupleFixed, assert_parity
 
 
@@ -112,19 +113,10 @@ def test_flat_writer_writes_the_bytes_write_row_writes(sample):
     layout = Layout.infer(sample)
     w = FlatWriter.for_layout(layout)
     assert w is not None
-    a, b = layout.allocate(3), layout.allocate(3)
-    for bufs in (a, b):
-        for x in bufs:
-            if isinstance(x, torch.Tensor):
-                x.zero_()
+    a, b = zeroed_pair(layout, 3)
     assert w.write(a, layout.numpy_views(a), 1, sample)
     layout.write_row(b, 1, sample, layout.numpy_views(b))
-    for x, y in zip(a, b):
-        if isinstance(x, torch.Tensor):
-            assert torch.equal(x.view(torch.uint8) if x.dtype != torch.bool else x,
-                               y.view(torch.uint8) if y.dtype != torch.bool else y)
-        else:
-            assert x == y
+    assert_same_buffers(a, b)
 
 
 def test_flat_writer_declines_what_it_does_not_handle():

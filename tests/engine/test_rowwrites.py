@@ -29,6 +29,7 @@ from asyncfeed._engine.autotune import WINDOW_S, WINDOWS_PER_SIDE, Gate, Tuner
 from asyncfeed._engine.layout import Layout
 from asyncfeed._engine.rowtasks import BULK_ROW_BYTES, FlatWriter
 from asyncfeed._engine.taskpool import TaskPool
+from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import assert_parity
 
 BIG = (3, 128, 128)  # 48 KiB of uint8: at least BULK_ROW_BYTES a row
@@ -57,15 +58,6 @@ KINDS = {
 }
 
 
-def _same(a, b) -> None:
-    for x, y in zip(a, b):
-        if isinstance(x, torch.Tensor):
-            assert torch.equal(x.view(torch.uint8) if x.dtype != torch.bool else x,
-                               y.view(torch.uint8) if y.dtype != torch.bool else y)
-        else:
-            assert x == y
-
-
 @pytest.mark.parametrize("bulk", [False, True])
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_write_rows_writes_the_bytes_write_row_writes(kind, bulk):
@@ -74,11 +66,7 @@ def test_write_rows_writes_the_bytes_write_row_writes(kind, bulk):
     layout = Layout.infer(samples[0])
     w = FlatWriter.for_layout(layout)
     assert w is not None
-    a, b = layout.allocate(6), layout.allocate(6)
-    for bufs in (a, b):
-        for x in bufs:
-            if isinstance(x, torch.Tensor):
-                x.zero_()
+    a, b = zeroed_pair(layout, 6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch.from_numpy on a read-only array warns
         # rows 1..5 in one run (row 0 left as zeros in both)
@@ -87,7 +75,7 @@ def test_write_rows_writes_the_bytes_write_row_writes(kind, bulk):
         warnings.simplefilter("ignore")  # the reference warns on read-only arrays
         for row in range(1, 6):
             layout.write_row(b, row, samples[row], layout.numpy_views(b))
-    _same(a, b)
+    assert_same_buffers(a, b)
 
 
 def test_write_rows_declines_a_run_it_cannot_write_as_one():
