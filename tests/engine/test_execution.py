@@ -237,16 +237,22 @@ def _never_idle():
     return read
 
 
-def _windows(t: Tuner, rate_at, busy_at, n: int, row_s: float) -> None:
-    clock = 0.0
+def _steps(t: Tuner, n: int, clock: float = 0.0):
+    """``n`` windows of four steps each: yields (running threads, step, its end),
+    the running threads read at each window's start (the tuner may have moved)."""
     for _ in range(n):
         k = t.limit
         for _ in range(4):
             dt = WINDOW_S / 4 * 1.01
             clock += dt
-            rows = max(1, int(rate_at(k) * dt))
-            t.row_cost_s = row_s
-            t.record(rows, dt, busy_at(k) * dt, now=clock)
+            yield k, dt, clock
+
+
+def _windows(t: Tuner, rate_at, busy_at, n: int, row_s: float) -> None:
+    for k, dt, clock in _steps(t, n):
+        rows = max(1, int(rate_at(k) * dt))
+        t.row_cost_s = row_s
+        t.record(rows, dt, busy_at(k) * dt, now=clock)
 
 
 def _threaded_windows(t: Tuner, delay: list[float], rate: float, queued_at, n: int,
@@ -254,16 +260,11 @@ def _threaded_windows(t: Tuner, delay: list[float], rate: float, queued_at, n: i
     """``n`` windows of the running threads (``t.limit``) all busy, one core's worth
     of CPU among them, and ``queued_at(k)`` of each thread's off-core time spent
     in the run queue (added to the cumulative ``delay`` the tuner reads)."""
-    clock = 0.0
-    for _ in range(n):
-        k = t.limit
-        for _ in range(4):
-            dt = WINDOW_S / 4 * 1.01
-            clock += dt
-            for _ in range(k):  # k tasks side by side, each as long as the step
-                t.row_cost_s = row_s
-                delay[0] += queued_at(k) * dt * (1 - 1 / k)
-                t.record(max(1, int(rate * dt / k)), dt, dt / k, now=clock)
+    for k, dt, clock in _steps(t, n):
+        for _ in range(k):  # k tasks side by side, each as long as the step
+            t.row_cost_s = row_s
+            delay[0] += queued_at(k) * dt * (1 - 1 / k)
+            t.record(max(1, int(rate * dt / k)), dt, dt / k, now=clock)
 
 
 def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
@@ -321,14 +322,10 @@ def test_one_thread_blocked_in_reads_gets_a_second():
     t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
     t.gate_for_pass(run_delay=lambda: 0.0)
     t.start_with(1, "the test starts on one")
-    clock = time.perf_counter()  # after the change start_with made
-    for _ in range(40):
-        k = t.limit
-        for _ in range(4):
-            dt = WINDOW_S / 4 * 1.01
-            clock += dt
-            for _ in range(k):  # each thread: half its task time on a core, half reading
-                t.record(20, dt, 0.5 * dt, now=clock)
+    # clocked after the change start_with made
+    for k, dt, clock in _steps(t, 40, clock=time.perf_counter()):
+        for _ in range(k):  # each thread: half its task time on a core, half reading
+            t.record(20, dt, 0.5 * dt, now=clock)
     assert t.limit >= 2, t.moves
     assert t.gil_bound is None
 
