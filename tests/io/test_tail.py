@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from urllib.parse import unquote
 
 import pytest
 import torch
@@ -26,9 +27,13 @@ def _files(source) -> list[str]:
             if u.endswith(".jpg")]
 
 
+def _rel(url: str, base: str) -> str:
+    """The path the server serves ``url`` under (what its faults and counts name)."""
+    return unquote(url[len(base):])
+
+
 def _local(image_tree: str, url: str, base: str) -> bytes:
-    from urllib.parse import unquote
-    with open(os.path.join(image_tree, unquote(url[len(base):])), "rb") as f:
+    with open(os.path.join(image_tree, _rel(url, base)), "rb") as f:
         return f.read()
 
 
@@ -67,10 +72,9 @@ def test_hedge_answers_a_stalled_read_once(image_tree, http_server):
 
     async def main():
         await _warm(src, urls)
-        rel = target[len(http_server.url):]
-        from urllib.parse import unquote
-        http_server.add_fault(unquote(rel), "stall", times=1)
-        before = http_server.count(unquote(rel))
+        rel = _rel(target, http_server.url)
+        http_server.add_fault(rel, "stall", times=1)
+        before = http_server.count(rel)
         conns0 = _client_connections(port)  # listing's and the warm-up's, all idle
         # other reads overtake the stalled one: it is the server that is slow
         data, *_ = await asyncio.gather(src.read(target), *(src.read(u) for u in urls[6:12]))
@@ -79,7 +83,7 @@ def test_hedge_answers_a_stalled_read_once(image_tree, http_server):
         pool = src._conns[id(asyncio.get_running_loop())].pool
         conns = (_client_connections(port) - conns0, *pool.connections())
         await src.close_io()
-        return data, http_server.count(unquote(rel)) - before, tasks, conns
+        return data, http_server.count(rel) - before, tasks, conns
 
     data, requests, tasks, conns = asyncio.run(main())
     assert data == _local(image_tree, target, http_server.url)
@@ -152,8 +156,7 @@ def test_adaptive_timeout_abandons_a_stall_before_the_hard_cap(image_tree, http_
     src = fast_source(http_server.url, timeout=120.0, hedge=False, fast=fast)
     urls = _files(src)
     target = urls[3]
-    from urllib.parse import unquote
-    rel = unquote(target[len(http_server.url):])
+    rel = _rel(target, http_server.url)
 
     async def main():
         await _warm(src, urls)
@@ -185,17 +188,17 @@ def _trickle_everything(server, sizes: list[int]) -> None:
 
 @pytest.mark.timeout(60)
 def test_loader_abandons_a_stall_after_headers_while_slow_reads_stream(image_tree):
-    """Every file streams slowly (whole reads of ~0.8 s, so 4 x their p99 is beyond the
-    2.5 s hard timeout) and one answer stops after its headers.  The stall is told by
-    the silence (no byte for 4 x the time-to-first-byte p99, here the 0.5 s floor),
+    """Every file streams slowly (whole reads of ~0.8 s; with stall_factor=4, 4 x their
+    p99 is beyond the 2.5 s hard timeout, so a rule on whole attempts could not catch
+    the stall) and one answer stops after its headers.  The stall is told by the
+    silence (no byte for 4 x the time-to-first-byte p99, here the 0.5 s floor),
     abandoned and retried before the hard timeout: counted as a stall in
     stats().io, its sample delivered once, every batch the local folder's, in order."""
-    from urllib.parse import unquote
     with DirectoryServer(image_tree) as server:
         remote = ImageFolder(server.url, 32, timeout=2.5, hedge=False, backoff=0.01,
-                             max_backoff=0.05)
+                             max_backoff=0.05, stall_factor=4.0)
         slow = remote.samples[5][0]
-        rel = unquote(slow[len(server.url):])
+        rel = _rel(slow, server.url)
         server.add_fault(rel, "stall", times=1)     # headers, then nothing (first wins)
         _trickle_everything(server, [len(_local(image_tree, u, server.url))
                                      for u, _ in remote.samples])
@@ -220,9 +223,10 @@ def test_loader_abandons_a_stall_after_headers_while_slow_reads_stream(image_tre
 def test_s3_stall_after_headers_is_abandoned_while_slow_reads_stream(image_tree, s3_tree,
                                                                      s3_proxy):
     """The signed S3 GETs go through the same client: a stall after the headers is told
-    from slow but steady bodies there too."""
+    from slow but steady bodies there too (stall_factor=4, as above: a rule on whole
+    attempts would wait past the hard timeout)."""
     src = fast_source(s3_tree, storage_options=s3_options(s3_proxy.url.rstrip("/")),
-                      timeout=2.5, hedge=False)
+                      timeout=2.5, hedge=False, stall_factor=4.0)
     urls = _files(src)
     base = s3_tree + "/"
     target = urls[4]
@@ -253,8 +257,7 @@ def test_a_slow_but_steady_body_is_not_abandoned(image_tree, http_server):
     src = fast_source(http_server.url, timeout=30.0, hedge=False)
     urls = _files(src)
     target = urls[2]
-    from urllib.parse import unquote
-    rel = unquote(target[len(http_server.url):])
+    rel = _rel(target, http_server.url)
     size = len(_local(image_tree, target, http_server.url))
 
     async def main():
@@ -282,8 +285,7 @@ def test_the_hard_timeout_caps_a_body_that_keeps_coming(image_tree, http_server)
     src = fast_source(http_server.url, timeout=1.0, retries=1, hedge=False)
     urls = _files(src)
     target = urls[1]
-    from urllib.parse import unquote
-    rel = unquote(target[len(http_server.url):])
+    rel = _rel(target, http_server.url)
     size = len(_local(image_tree, target, http_server.url))
 
     async def main():
@@ -336,8 +338,7 @@ def test_readahead_reads_past_a_slow_batch(image_tree, http_server):
     remote = ImageFolder(http_server.url, 32, timeout=30, hedge=False,
                          adaptive_timeout=False)
     slow = remote.samples[1][0]
-    from urllib.parse import unquote
-    rel = unquote(slow[len(http_server.url):])
+    rel = _rel(slow, http_server.url)
     http_server.add_fault(rel, "delay", delay=1.0, times=1)
     http_server.reset_counts()
     with AsyncLoader(remote, batch_size=4, num_threads=2, prefetch=2) as loader:
