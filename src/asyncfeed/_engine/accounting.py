@@ -109,6 +109,29 @@ class _Acc:
         self.delay0 = _run_delay(self.tid)
         self.delay = self.delay0  # last run-queue delay read
 
+    def run_delay(self) -> float | None:
+        """This thread's run-queue delay since it first recorded, read afresh (the
+        last reading once the thread is gone); None where the scheduler does not say."""
+        d = _run_delay(self.tid)
+        if d is not None:
+            self.delay = d
+        if self.delay is None or self.delay0 is None:
+            return None
+        return self.delay - self.delay0
+
+
+def _summed_delay(accs: list[_Acc], stages: tuple[int, ...]) -> float | None:
+    """The run-queue delay of the threads that timed any of ``stages``, summed (None
+    if any of them is unknown)."""
+    total = 0.0
+    for a in accs:
+        if any(a.timed[s] for s in stages):
+            d = a.run_delay()
+            if d is None:
+                return None
+            total += d
+    return total
+
 
 def _run_delay(tid: int) -> float | None:
     """Seconds thread ``tid`` of this process has spent runnable but waiting for a
@@ -253,15 +276,7 @@ class Accounting:
         such thread (the adaptive thread count calls it once per window)."""
         with self._lock:
             accs = list(self._accs)
-        total = 0.0
-        for a in accs:
-            if a.timed[DECODE] or a.timed[ASSEMBLE]:
-                d = _run_delay(a.tid)
-                if d is None or a.delay0 is None:
-                    return None
-                a.delay = d
-                total += d - a.delay0
-        return total
+        return _summed_delay(accs, (DECODE, ASSEMBLE))
 
     def gil_held(self) -> tuple[int, int]:
         """The GIL probe's running counts: (wake-ups that found the GIL held, wake-ups)."""
@@ -275,7 +290,6 @@ class Accounting:
         elapsed = time.perf_counter() - self._t0
         cpu = time.process_time() - self._cpu0
         n, wall, tcpu, timed = [0] * 5, [0.0] * 5, [0.0] * 5, [0] * 5
-        delay: float | None = 0.0
         with self._lock:
             accs = list(self._accs)
         for a in accs:
@@ -284,14 +298,7 @@ class Accounting:
                 wall[s] += a.wall[s]
                 tcpu[s] += a.cpu[s]
                 timed[s] += a.timed[s]
-            if a.timed[DECODE] or a.timed[ASSEMBLE] or a.timed[FETCH]:
-                d = _run_delay(a.tid)
-                if d is not None:
-                    a.delay = d
-                if a.delay is None or a.delay0 is None or delay is None:
-                    delay = None
-                else:
-                    delay += a.delay - a.delay0
+        delay = _summed_delay(accs, (DECODE, ASSEMBLE, FETCH))
         if self.h2d_source is not None:
             copies, seconds = self.h2d_source()
             with self._lock:
