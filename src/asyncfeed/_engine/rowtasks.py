@@ -217,13 +217,7 @@ def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
         with p.cond:            # (the pool only logs what a task raises: the consumer
             b.error = b.error or e  # would wait for these rows for ever)
         done, wall, cpu = hi - lo, 0.0, 0.0
-    try:
-        if p.tuner is not None:
-            p.tuner.record(done, wall, cpu)
-        if p.sizing is not None:
-            p.sized(done, wall, cpu)
-    except Exception:  # noqa: BLE001 - the rows are done; only tuning is lost
-        log.exception("asyncfeed: the adaptive thread count failed")
+    _report(p, done, wall, cpu, sizing=True)
     if done == hi - lo:
         rows_done(p, b, lo, hi)
 
@@ -235,12 +229,21 @@ def _gated(p: Pipeline, load: Callable[..., int], *args: Any) -> int:
     t0, c0 = time.perf_counter(), time.thread_time()
     done = load(*args)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    if p.tuner is not None:
-        try:
-            p.tuner.record(done, wall, cpu)
-        except Exception:  # noqa: BLE001 - the sample is done; only tuning is lost
-            log.exception("asyncfeed: the adaptive thread count failed")
+    _report(p, done, wall, cpu, sizing=False)
     return done
+
+
+def _report(p: Pipeline, rows: int, wall: float, cpu: float, sizing: bool) -> None:
+    """A task's rows, wall and thread CPU time to the tuner (and, with ``sizing``, to
+    the pass's first-task sizing).  A failure there is logged: the rows are done,
+    only tuning is lost."""
+    try:
+        if p.tuner is not None:
+            p.tuner.record(rows, wall, cpu)
+        if sizing and p.sizing is not None:
+            p.sized(rows, wall, cpu)
+    except Exception:  # noqa: BLE001
+        log.exception("asyncfeed: the adaptive thread count failed")
 
 
 def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
