@@ -97,7 +97,7 @@ def test_switch_to_processes_mid_pass_keeps_batches_identical():
         for k, batch in enumerate(al):
             got.append(batch)
             if k == 4:  # as the tuner does once it has measured the GIL held
-                al._tuner.gil_bound = "gil: set by the test"
+                al._tuner.processes_why = "gil: set by the test"
         assert al.stats().execution.startswith("processes: 2 workers (gil: set by the test")
     assert_same_batches(got, want)
     assert torch.equal(g1.get_state(), g2.get_state())
@@ -213,7 +213,7 @@ def test_bad_arguments_are_errors_at_construction():
 
 def test_threads_never_start_processes():
     with AsyncLoader(TupleFixed(40), batch_size=8, execution="threads") as al:
-        al._tuner.gil_bound = "gil: set by the test"
+        al._tuner.processes_why = "gil: set by the test"
         list(al)
         assert al._exec.stage is None and al.stats().execution.startswith("threads")
 
@@ -275,7 +275,7 @@ def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
         t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
         t.gate_for_pass(run_delay=lambda: delay[0])
         _threaded_windows(t, delay, 2500.0, lambda k: queued, 20, row_s=4e-3)
-        assert (t.gil_bound is not None) is bound, (queued, t.gil_bound, t.moves)
+        assert (t.processes_why is not None) is bound, (queued, t.processes_why, t.moves)
         assert t.limit < 4  # fewer threads did as much either way
     # hand-offs of the GIL wake threads, and wake-ups count as run-queue delay: the
     # GIL probe, which found the GIL held most of the time, tells it from a busy machine
@@ -290,13 +290,13 @@ def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
         t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
         t.gate_for_pass(run_delay=lambda: delay[0], gil_held=held)
         _threaded_windows(t, delay, 2500.0, lambda k: 1.0, 20, row_s=4e-3)
-        assert (t.gil_bound is not None) is bound, (held_share, t.gil_bound, t.moves)
+        assert (t.processes_why is not None) is bound, (held_share, t.processes_why, t.moves)
         if bound:
-            assert "GIL held 70% of the time" in t.gil_bound
+            assert "GIL held 70% of the time" in t.processes_why
     unknown = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
     unknown.gate_for_pass(run_delay=lambda: None)  # no scheduler figures: the idle CPU
     _windows(unknown, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
-    assert unknown.gil_bound is not None
+    assert unknown.processes_why is not None
 
 
 def test_gil_held_nearly_always_by_several_threads_is_enough_without_a_probe():
@@ -310,9 +310,9 @@ def test_gil_held_nearly_always_by_several_threads_is_enough_without_a_probe():
     t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
     t.gate_for_pass(run_delay=lambda: delay[0], gil_held=held)
     _threaded_windows(t, delay, 2500.0, lambda k: 1.0, 3, row_s=4e-3)  # warm-up + two
-    assert t.gil_bound is not None and "GIL held 80% of the time" in t.gil_bound
+    assert t.processes_why is not None and "GIL held 80% of the time" in t.processes_why
     # decided at the first level (4 threads), before any probe down came back
-    assert "with 4 threads" in t.gil_bound and ";" not in t.gil_bound, t.gil_bound
+    assert "with 4 threads" in t.processes_why and ";" not in t.processes_why, t.processes_why
 
 
 def test_one_thread_blocked_in_reads_gets_a_second():
@@ -327,25 +327,25 @@ def test_one_thread_blocked_in_reads_gets_a_second():
         for _ in range(k):  # each thread: half its task time on a core, half reading
             t.record(20, dt, 0.5 * dt, now=clock)
     assert t.limit >= 2, t.moves
-    assert t.gil_bound is None
+    assert t.processes_why is None
 
 
 def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():
     gil = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
     gil.gate_for_pass()
     _windows(gil, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
-    assert gil.gil_bound is not None and gil.gil_bound.startswith("gil: ")
+    assert gil.processes_why is not None and gil.processes_why.startswith("gil: ")
     # the same figures on a machine other work keeps busy: threads waiting for a
     # core are not held by the GIL
     busy = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
     busy.gate_for_pass()
     _windows(busy, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
-    assert busy.gil_bound is None and busy.limit < 4
+    assert busy.processes_why is None and busy.limit < 4
     io = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())  # waits on I/O: fewer threads do less
     io.gate_for_pass()
     _windows(io, lambda k: 100.0 * k, lambda k: 0.05 * k, 20, row_s=4e-3)
-    assert io.gil_bound is None
+    assert io.processes_why is None
     tiny = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())  # GIL-bound but too cheap for a process hop
     tiny.gate_for_pass()
     _windows(tiny, lambda k: 30_000.0, lambda k: 1.0, 20, row_s=3e-5)
-    assert tiny.gil_bound is None
+    assert tiny.processes_why is None

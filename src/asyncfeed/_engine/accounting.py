@@ -257,6 +257,10 @@ class Accounting:
         self._batches += 1
         self._samples += samples
 
+    def consumer_wait(self) -> float:
+        """The consumer's wait for batches so far this pass (seconds; any thread)."""
+        return self._wait
+
     def start(self) -> None:
         """Start the GIL probe (idempotent)."""
         self.probe.start()

@@ -21,8 +21,8 @@ A probe down that is kept while about one core was ever busy, with the threads
 spending at least ``GIL_WAIT`` of their task time neither running nor queued
 for a core (the decode threads' run-queue delay, from the scheduler, is
 subtracted: on a machine other processes load, waiting for a core is not the
-GIL), marks the per-sample function as holding the GIL (``gil_bound``): the
-loader's ``execution="auto"`` then moves it to worker processes.
+GIL), marks the per-sample function as holding the GIL (``processes_why`` says
+why): the loader's ``execution="auto"`` then moves it to worker processes.
 
 Where the GIL probe found the GIL held at least ``GIL_HELD_NOW`` of the time
 with several threads running and cores left idle (``SPARE_CORES``), that alone
@@ -30,6 +30,25 @@ marks it, even where the function's GIL-free part keeps more than one core busy
 (workload (c): 1.5 of 2 cores with two threads, the GIL held 65-80% of the
 time): a short epoch should not spend a fifth of itself proving it by a probe
 down, and worker processes use the idle cores.
+
+Two rules decide from one window, without a probe, once the pass's first
+tasks have been measured alone (:meth:`Tuner.sized`; a fresh loader's first
+pass), so that a one-second epoch does not spend a third of itself on threads
+that cannot win:
+
+* **GIL now**: a row measured alone is CPU-bound (on a core ``ALONE_ON_CORE``
+  of its time) and costs at least ``PROCESS_MIN_ROW_S``; with several threads
+  running, they leave ``SPARE_CORES`` idle and spend ``GIL_WAIT_NOW`` of their
+  task time neither on a core nor queued for one (the GIL probe, where it has
+  enough wake-ups, must not say the GIL is mostly free);
+* **tiny rows**: rows of ``TINY_MIN_ROW_S``..``PROCESS_MIN_ROW_S`` of CPU run on
+  one thread (more threads only hand the GIL around); when that thread keeps
+  ``TINY_BUSY`` of a core busy, the consumer spends ``CONSUMER_WAITS`` of the
+  window waiting for batches (the loader is what it waits for, not the model)
+  and the machine has ``TINY_SPARE_CORES`` idle, worker processes use the idle
+  cores (DataLoader's ``num_workers=2`` against one thread of Python).  Rows
+  cheaper than ``TINY_MIN_ROW_S`` (a no-op data set) cost the main process more
+  to collect from workers than to load: they stay on the thread.
 
 A probe that fails is undone and the next probe waits twice as many windows
 (2, 4, ... 64): decisions are damped, never oscillate faster than that, and
@@ -73,6 +92,15 @@ SPARE_CORES = 0.3          # this much of the cores left idle: GIL-bound without
                            # for a probe down
 GIL_MIN_PROBES = 4         # (over at least this many of its wake-ups at that level)
 PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a process hop
+                           # (unless the tiny-row rule below finds the loader the bottleneck)
+ALONE_ON_CORE = 0.7        # a row measured alone spent this share of its time on a core
+GIL_WAIT_NOW = 0.3         # one window's GIL wait share that, with CPU-bound rows and idle
+                           # cores, marks the GIL without waiting for a probe down
+GIL_FREE = 0.2             # the GIL probe found the GIL held less than this: not the GIL
+TINY_MIN_ROW_S = 1e-5      # tiny rows cheaper than this stay on the thread (see above)
+TINY_BUSY = 0.75           # the one thread keeps this share of a core busy ...
+CONSUMER_WAITS = 0.5       # ... the consumer waits this share of the window ...
+TINY_SPARE_CORES = 0.7     # ... and this many cores are idle: tiny rows go to processes
 IDLE_SHARE = 0.25          # where run-queue delay cannot be read: the machine must have had
                            # this share of its CPU idle (threads that wait for a core
                            # because others load it are not held by the GIL)
@@ -137,6 +165,11 @@ class Tuner:
         self._gil_held: Callable[[], tuple[int, int]] | None = None
         self._held_at_set: tuple[int, int] | None = None
         self._delay_at_start: float | None = None
+        # the consumer's cumulative wait for batches (seconds), given per pass
+        self._consumer_wait: Callable[[], float] | None = None
+        self._cwait_at_start: float | None = None
+        # (CPU seconds, share of the wall time on a core) of a row measured alone
+        self.alone: tuple[float, float] | None = None
         self._warming = False
         self.cores = max(1, cores)
         self.adaptive = adaptive and size > 1
@@ -156,14 +189,16 @@ class Tuner:
         self._seen: list[tuple[float, float, float | None, float | None]] = []
         # (limit, rate, cores busy, GIL wait share, machine idle share) before the probe
         self._probe: _Before | None = None
-        # why the per-sample function was found to hold the GIL (None: not found so)
-        self.gil_bound: str | None = None
+        # why worker processes should run the per-sample function (the GIL holds it,
+        # or tiny rows keep one thread busy while the consumer waits); None: threads
+        self.processes_why: str | None = None
         self._hold = 0
         self._backoff = 2
 
     # ------------------------------------------------------------------ passes
     def gate_for_pass(self, run_delay: Callable[[], float | None] | None = None,
-                      gil_held: Callable[[], tuple[int, int]] | None = None
+                      gil_held: Callable[[], tuple[int, int]] | None = None,
+                      consumer_wait: Callable[[], float] | None = None
                       ) -> Gate | None:
         """A fresh gate at the current limit (None when nothing adapts).
 
@@ -172,10 +207,12 @@ class Tuner:
         ``Accounting.threads_run_delay``); without it the GIL test falls back on
         the machine's idle CPU.  ``gil_held``: reads the pass's GIL probe's running
         counts (wake-ups that found the GIL held, wake-ups), see
-        :class:`~asyncfeed._engine.gilprobe.GilProbe`."""
+        :class:`~asyncfeed._engine.gilprobe.GilProbe`.  ``consumer_wait``: reads the
+        consumer's cumulative wait for batches (seconds) this pass."""
         with self._lock:
             self._run_delay = run_delay
             self._gil_held = gil_held
+            self._consumer_wait = consumer_wait
             self._held_at_set = gil_held() if gil_held is not None else None
             self._warming = True  # a pass's first window (threads starting) is not used
             self._w_start = None
@@ -204,6 +241,19 @@ class Tuner:
             self._probe = None
             self._hold = max(self._hold, hold)
 
+    def sized(self, row_cpu: float, on_core: float, now: float | None = None) -> None:
+        """The pass's first tasks, run alone, cost ``row_cpu`` seconds of CPU a row and
+        were on a core ``on_core`` of their time (see ``Pipeline.sized``).  The next
+        window starts now and counts (the threads are running: no warm-up)."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            self.alone = (row_cpu, on_core)
+            self._warming = False
+            self._changed_at = max(self._changed_at, now)
+            self._w_start = None
+            self._w_rows = self._w_tasks = 0
+            self._w_cpu = self._w_wall = 0.0
+
     # -------------------------------------------------------------- measuring
     def record(self, rows: int, wall: float, cpu: float, now: float | None = None) -> None:
         """A decode task finished ``rows`` rows in ``wall`` seconds using ``cpu`` seconds
@@ -230,18 +280,61 @@ class Tuner:
                 return
             rate, used = self._w_rows / span, self._w_cpu / span
             gil = self._gil_wait_share(self._w_wall, self._w_cpu)
-            idle = self._idle_share() if gil is None else None
+            idle = self._idle_share()
+            waited = self._consumer_share(span)
             self._w_start, self._w_rows, self._w_tasks = now, 0, 0
             self._w_cpu = self._w_wall = 0.0
             if self._warming:
                 self._warming = False
                 return
-            self._decide(rate, used, now, idle, gil)
+            if self.processes_why is None and self.alone is not None and self.cores > 1:
+                self._verdict_now(rate, used, gil, idle, waited)
+            self._decide(rate, used, now, idle if gil is None else None, gil)
 
     def _start_readings(self) -> None:
-        """Read the counters a window's GIL test compares (at its start)."""
+        """Read the counters a window's tests compare (at its start)."""
         self._delay_at_start = self._run_delay() if self._run_delay is not None else None
-        self._idle_at_start = self._machine_idle() if self._delay_at_start is None else None
+        self._idle_at_start = self._machine_idle()
+        self._cwait_at_start = self._consumer_wait() if self._consumer_wait is not None \
+            else None
+
+    def _consumer_share(self, span: float) -> float | None:
+        """The share of the window (``span`` seconds) the consumer spent waiting for
+        batches (None: not read); starts the next window's reading."""
+        start = self._cwait_at_start
+        end = self._consumer_wait() if self._consumer_wait is not None else None
+        self._cwait_at_start = end
+        if start is None or end is None or span <= 0:
+            return None
+        return min(1.0, max(0.0, end - start) / span)
+
+    def _verdict_now(self, rate: float, used: float, gil: float | None,
+                     idle: float | None, waited: float | None) -> None:
+        """The one-window rules (module docstring: "GIL now", "tiny rows")."""
+        assert self.alone is not None
+        row_cpu, on_core = self.alone
+        n = self.limit
+        if on_core < ALONE_ON_CORE:
+            return  # a row alone waits for something (I/O): threads are the answer
+        if n >= 2 and row_cpu >= PROCESS_MIN_ROW_S \
+                and used <= min(n, self.cores) - SPARE_CORES:
+            held = self._held_share()
+            if held is not None and held >= GIL_HELD_NOW:
+                self.processes_why = (f"gil: {used:.2f} cores busy with {n} threads, "
+                                      f"GIL held {held:.0%} of the time, {rate:,.0f} rows/s")
+            elif gil is not None and gil >= GIL_WAIT_NOW and (held is None or held >= GIL_FREE):
+                self.processes_why = (f"gil: {used:.2f} cores busy with {n} threads, "
+                                      f"{gil:.0%} of their time waiting for the GIL, "
+                                      f"{rate:,.0f} rows/s")
+        elif n == 1 and TINY_MIN_ROW_S <= row_cpu < PROCESS_MIN_ROW_S and used >= TINY_BUSY \
+                and waited is not None and waited >= CONSUMER_WAITS \
+                and idle is not None and idle * self.cores >= TINY_SPARE_CORES:
+            self.processes_why = (f"tiny rows: {row_cpu * 1e6:.0f} us of CPU each keep one "
+                                  f"thread {used:.2f} cores busy, the consumer waits "
+                                  f"{waited:.0%} of the time, {idle * self.cores:.1f} cores "
+                                  f"idle, {rate:,.0f} rows/s")
+        if self.processes_why is not None:
+            log.debug("asyncfeed: %s", self.processes_why)
 
     def _gil_wait_share(self, wall: float, cpu: float) -> float | None:
         """The share of the window's task time (``wall``, of which ``cpu`` on a core)
@@ -316,7 +409,7 @@ class Tuner:
             self._probe = None
             down = n < before
             kept = rate >= before_rate * (DOWN_TOLERANCE if down else UP_GAIN)
-            if kept and down and self.gil_bound is None and self.cores > 1 \
+            if kept and down and self.processes_why is None and self.cores > 1 \
                     and GIL_MIN_CORES <= before_used < GIL_CORES and used < GIL_CORES \
                     and _gil_waited(before_gil, before_idle, before_held) \
                     and (self.row_cost_s or 0) >= PROCESS_MIN_ROW_S:
@@ -324,9 +417,9 @@ class Tuner:
                 # threads waited neither on a core nor on I/O: the per-sample
                 # function holds the GIL (a process stage can run it in parallel)
                 seen = "" if before_held is None else f", GIL held {before_held:.0%} of the time"
-                self.gil_bound = (f"gil: {before_used:.2f} cores busy with {before} threads"
+                self.processes_why = (f"gil: {before_used:.2f} cores busy with {before} threads"
                                   f"{seen}, {before_rate:,.0f} rows/s; {rate:,.0f} with {n}")
-                log.debug("asyncfeed: %s", self.gil_bound)
+                log.debug("asyncfeed: %s", self.processes_why)
             if kept:
                 self._backoff = 2
                 nxt = self._down(n) if down else self._up(n)
@@ -342,7 +435,7 @@ class Tuner:
                 self._set(before, f"{rate:,.0f} rows/s at {n} vs {before_rate:,.0f} at "
                                   f"{before}: back", now)
             return
-        if self.gil_bound is None and n > 1 and self.cores > 1 \
+        if self.processes_why is None and n > 1 and self.cores > 1 \
                 and GIL_MIN_CORES <= used <= self.cores - SPARE_CORES \
                 and (self.row_cost_s or 0) >= PROCESS_MIN_ROW_S:
             held = self._held_share()
@@ -350,9 +443,9 @@ class Tuner:
                 # several threads running, cores left idle, the GIL held nearly all the
                 # time: Python is the limit (its GIL-free part may keep more than one
                 # core busy), and no need to wait for a probe down to show it
-                self.gil_bound = (f"gil: {used:.2f} cores busy with {n} threads, "
+                self.processes_why = (f"gil: {used:.2f} cores busy with {n} threads, "
                                   f"GIL held {held:.0%} of the time, {rate:,.0f} rows/s")
-                log.debug("asyncfeed: %s", self.gil_bound)
+                log.debug("asyncfeed: %s", self.processes_why)
         if self._hold > 0:
             self._hold -= 1
             return

@@ -5,11 +5,13 @@ set of the instances not yet closed, and a function that closes whichever are
 left at exit.  The hook runs through ``threading._register_atexit``, before the
 interpreter joins non-daemon threads (a plain ``atexit`` hook runs after that,
 too late: exit would wait on our threads); ``concurrent.futures`` uses the same
-hook.  Hooks run in the reverse order of registration.
+hook.  Hooks run in the reverse order of registration.  A forked child starts
+with every set empty: what its parent opened is not its to close.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -26,6 +28,15 @@ class OpenSet(Generic[T]):
         self._lock = threading.Lock()
         self._close_all = close_all
         _register(self.close_left)
+        if hasattr(os, "register_at_fork"):
+            # a forked child (a worker process, DataLoader's or ours) must not close
+            # its parent's runtimes at its exit: their locks may have been held by
+            # another thread at the fork, and would then never be released there
+            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def _forget_in_child(self) -> None:
+        self._lock = threading.Lock()  # (the parent's may have been held at the fork)
+        self._items = weakref.WeakSet()
 
     def add(self, item: T) -> None:
         with self._lock:

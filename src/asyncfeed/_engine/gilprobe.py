@@ -20,7 +20,8 @@ Python threads that keep the GIL busy make every wait long, a preempted
 holder only one.
 
 Cost: one wake-up per ``period`` (about 50 per second, about 3 ms of CPU a second
-in all), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
+in all; every ``FAST_PERIOD_S`` during the first ``FAST_FOR_S`` of a pass, so that
+a short epoch's first windows have wake-ups to read), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
 running at interpreter exit are closed before the interpreter joins
@@ -43,6 +44,9 @@ REPEATS = 3
 GAP_S = 0.001
 #: a wait for the GIL longer than this means another thread held it
 HELD_S = 2e-4
+#: the probe's period during its first ``FAST_FOR_S`` seconds
+FAST_PERIOD_S = 0.004
+FAST_FOR_S = 0.25
 
 
 
@@ -72,8 +76,13 @@ class GilProbe:
     readings); ``pressure(held, probes)`` turns them into 0..1.
     """
 
-    def __init__(self, period: float = 0.02) -> None:
+    def __init__(self, period: float = 0.02, fast_period: float = FAST_PERIOD_S,
+                 fast_for: float = FAST_FOR_S) -> None:
         self.period = period
+        # the first ``fast_for`` seconds wake every ``fast_period``: the adaptive
+        # thread count needs a few wake-ups early in a short epoch
+        self.fast_period = fast_period
+        self.fast_for = fast_for
         self.held = 0
         self.probes = 0
         self._stop = False
@@ -97,8 +106,10 @@ class GilProbe:
         except OSError:
             fd = None
         try:
+            fast_until = time.perf_counter() + self.fast_for
             while not self._stop:
-                first = self._wait(fd, self.period)
+                period = self.fast_period if time.perf_counter() < fast_until else self.period
+                first = self._wait(fd, period)
                 if first is None:
                     break  # closed while it slept
                 waits = [first]

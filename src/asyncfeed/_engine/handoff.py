@@ -104,6 +104,7 @@ class BatchHandoff:
         # the batch the consumer is blocked waiting for (-1: any; None: not waiting),
         # and the hand-over of the GIL to it (see _mark_ready)
         self._awaited: int | None = None
+        self._call: Callable[[], None] | None = None  # see call_waiting
         self._handing: Any = None  # the lock a readying thread waits on until it is taken
         self.submitted = 0          # batches submitted so far (= next k)
         self.taken = 0              # batches handed to the consumer
@@ -169,6 +170,15 @@ class BatchHandoff:
         deadline = None if not timeout else time.monotonic() + timeout
         with self.cond:
             while True:
+                call = self._call
+                if call is not None:  # see call_waiting: run it without the lock
+                    self._call = None
+                    self.cond.release()
+                    try:
+                        call()
+                    finally:
+                        self.cond.acquire()
+                    continue
                 if k is not None:
                     if k in self.ready:
                         return self._queued(self.ready.pop(k))
@@ -188,6 +198,15 @@ class BatchHandoff:
                     self.cond.wait(remaining if remaining is not None else 1.0)
                 finally:
                     self._awaited = None
+
+    def call_waiting(self, fn: Callable[[], None]) -> None:
+        """Have the consumer thread call ``fn`` (any thread): at once if it is waiting
+        for a batch, else the next time it waits.  One call at a time: a later one
+        replaces an earlier one not yet made.  ``fn`` runs without the pass's lock;
+        what it raises reaches the consumer."""
+        with self.cond:
+            self._call = fn
+            self.cond.notify_all()
 
     def _queued(self, b: Batch) -> Batch:
         if self._handing is not None:  # (cond held) a thread that readied it waits

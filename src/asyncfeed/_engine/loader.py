@@ -388,14 +388,16 @@ class AsyncLoader(Generic[T_co]):
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
         pipeline.tuner = self._tuner
         pipeline.gate = self._tuner.gate_for_pass(run_delay=pipeline.acct.threads_run_delay,
-                                                  gil_held=pipeline.acct.gil_held)
+                                                  gil_held=pipeline.acct.gil_held,
+                                                  consumer_wait=pipeline.acct.consumer_wait)
         pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
         if self.execution != "threads" and not self._use_fetch:
             ex, tuner = self._exec, self._tuner
             base_seed = getattr(self._plan, "base_seed", None)
             if base_seed is None:
                 base_seed = (self.seed or 0) + self._epoch
-            pipeline.stage_for = lambda: ex.stage_for(base_seed, tuner.gil_bound)
+            quiet = runtime.pool.quiet
+            pipeline.stage_for = lambda: ex.stage_for(base_seed, tuner.processes_why, quiet)
         return pipeline, progress
 
     def _stateful_sampler(self) -> Any:

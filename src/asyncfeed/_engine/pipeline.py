@@ -147,6 +147,7 @@ class Pipeline(BatchHandoff):
         # set by the loader: the process stage batches should go to now (None: threads)
         self.stage_for: Callable[[], Any] | None = None
         self.stage: Any = None   # the process stage this pass used
+        self._stage_asked = False
         # the first tasks' (rows, wall, cpu) while they run alone (see sized)
         self.sizing: list[tuple[int, float, float]] | None = None
         self._sizing_checked = False
@@ -252,38 +253,68 @@ class Pipeline(BatchHandoff):
         else:
             stage = self.stage_for() if self.stage_for is not None else None
             if stage is not None and processes.submit_batch(self, stage, b):
-                if self.stage is None:  # the samples' capacity is the workers now
-                    self.acct.gate = None
-                    self.acct.resources = (Resource("processes", (FETCH, DECODE, ASSEMBLE),
-                                                    stage.num_workers),
-                                           *self.acct.resources[1:])
-                self.stage = stage
+                self._use_stage(stage)
                 return
+            start = 0
+            running = self.gate.limit if self.gate is not None else self.runtime.num_threads
             if not self._sizing_checked:
                 self._sizing_checked = True
-                self._start_sizing()
+                if self._start_sizing():
+                    # one row per sizing task: what a row costs is known after two
+                    # rows, not after two runs of a quarter batch on one thread
+                    start = min(SIZING_TASKS, b.n - 1)
+                    running = self.runtime.num_threads  # every thread runs after them
             # runs of rows per pool task, sized by the measured cost of a row: tiny
             # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
-            running = self.gate.limit if self.gate is not None else self.runtime.num_threads
             step = rows_per_task(b.n, running,
                                  self.tuner.row_cost_s if self.tuner is not None else None)
-            for lo in range(0, b.n, step):
-                if self.runtime.submit(rowtasks.run_rows, self, b, lo,
-                                       min(lo + step, b.n)) is None:
+            bounds = [(lo, lo + 1) for lo in range(start)] + \
+                [(lo, min(lo + step, b.n)) for lo in range(start, b.n, step)]
+            for lo, hi in bounds:
+                if self.runtime.submit(rowtasks.run_rows, self, b, lo, hi) is None:
                     self._abandon(b)
                     return
 
-    def _start_sizing(self) -> None:
+    def _use_stage(self, stage: Any) -> None:
+        """Rows of this pass go to ``stage`` from now on: batches submitted later
+        (``processes.submit_batch``) and row tasks queued for the threads that have
+        not started (``rowtasks.run_rows`` hands them over)."""
+        if self.stage is None:  # the samples' capacity is the workers now
+            self.acct.gate = None
+            self.acct.resources = (Resource("processes", (FETCH, DECODE, ASSEMBLE),
+                                            stage.num_workers),
+                                   *self.acct.resources[1:])
+        self.stage = stage
+
+    def want_stage(self) -> None:
+        """The tuner found that samples should run in worker processes (any thread):
+        the consumer starts the stage the next time it waits for a batch (or at
+        its next submit), not when the batches already planned are done."""
+        if self.stage_for is None or self._stage_asked or self.stage is not None:
+            return
+        self._stage_asked = True
+        self.call_waiting(self._start_stage)
+
+    def _start_stage(self) -> None:
+        """(consumer thread, see :meth:`want_stage`) Start the stage, if it may run."""
+        if self.stopping or self.stage is not None or self.stage_for is None:
+            return
+        stage = self.stage_for()
+        if stage is not None:
+            self._use_stage(stage)
+
+    def _start_sizing(self) -> bool:
         """On the first pass of a loader whose thread count adapts (nothing measured
         yet), let the first ``SIZING_TASKS`` tasks run alone: what a row costs,
         measured without other threads competing for the GIL, decides whether the
-        pass runs one thread or all of them (see :meth:`sized`)."""
+        pass runs one thread or all of them (see :meth:`sized`).  True if it does."""
         t, g = self.tuner, self.gate
         if t is None or g is None or not t.adaptive or t.moves or t.row_cost_s is not None \
                 or g.limit <= 1:
-            return
+            return False
         self.sizing = []
         g.set_limit(1)
+        return True
 
     def sized(self, rows: int, wall: float, cpu: float) -> None:
         """A task that ran alone (see :meth:`_start_sizing`) loaded ``rows`` rows in
@@ -308,6 +339,7 @@ class Pipeline(BatchHandoff):
         if row_cpu < TINY_ROW_CPU_S and on_core >= TINY_ON_CORE:
             tuner.start_with(1, f"a row costs {row_cpu * 1e6:.0f} us of CPU, measured alone: "
                                 "one thread", hold=TINY_HOLD)
+        tuner.sized(row_cpu, on_core)
         gate.set_limit(tuner.limit)
 
     def _submit_task(self, fn: Callable[..., None], *args: Any) -> None:

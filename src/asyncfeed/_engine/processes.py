@@ -38,13 +38,14 @@ import mmap
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import queue
 import random
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ContextManager, cast
 
 import numpy as np
 import torch
@@ -62,6 +63,7 @@ log = logging.getLogger("asyncfeed")
 
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)  # private: may be absent
 _ALIGN = 64
+PARENT_CHECK_S = 1.0   # an idle worker checks this often that the loader's process lives
 _names = itertools.count()
 
 
@@ -286,8 +288,14 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
                 sys.exc_info(), where=f"in worker_init_fn of worker process {worker_id}")))
             return
     mapped: dict[str, _Rows] = {}
+    parent = os.getppid()
     while True:
-        task = tasks.get()
+        try:
+            task = tasks.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if os.getppid() != parent:
+                break  # the loader's process is gone (killed): so is this worker
+            continue
         if task is None:
             break
         task_id, rows, indices, path, layout, n_rows, forget = task
@@ -381,11 +389,24 @@ class ProcessStage:
     def usable(self) -> bool:
         return not self._closing and self.broken is None
 
-    def start(self) -> None:
-        """Start the workers and the results thread (once; from the consumer thread)."""
+    def start(self, quiet: Callable[[], ContextManager[bool]] | None = None) -> bool:
+        """Start the workers and the results thread (once; from the consumer thread).
+
+        ``quiet``: the decode pool's ``TaskPool.quiet``.  With the fork start method
+        the workers are forked inside it, no decode thread running user code: a
+        lock such code held at the fork (NumPy's global generator's, a logging
+        handler's) would stay locked in the child for ever.  False, starting
+        nothing, if the threads did not go quiet in time (a task still running
+        after 5 s); the caller may try again later."""
+        if quiet is not None and self.ctx.get_start_method() == "fork":
+            with quiet() as calm:
+                return self._start() if calm else False
+        return self._start()
+
+    def _start(self) -> bool:
         with self._lock:
             if self._started or self._closing:
-                return
+                return True
             self._started = True
             _open.add(self)
             for wid in range(self.num_workers):
@@ -405,6 +426,7 @@ class ProcessStage:
             self._collector = threading.Thread(target=self._collect,
                                                name="asyncfeed-proc-results", daemon=False)
             self._collector.start()
+        return True
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._workers if p.pid is not None]
@@ -633,7 +655,7 @@ class Execution:
 
     ``"threads"``: always the threads.  ``"processes"``: a process stage from the
     first batch on.  ``"auto"``: threads, until the loader's tuner has measured
-    that the per-sample function holds the GIL (see ``Tuner.gil_bound``); the
+    that the per-sample function holds the GIL (see ``Tuner.processes_why``); the
     stage is then started and takes every batch submitted after that.  Owned by
     the loader; ``close()`` is idempotent and also runs when the loader is
     garbage-collected or the interpreter exits.
@@ -657,20 +679,23 @@ class Execution:
         self._ran: ProcessStage | None = None
         self._lock = threading.Lock()
 
-    def stage_for(self, base_seed: int, gil_bound: str | None) -> ProcessStage | None:
-        """The started stage batches should go to now, or None for threads."""
+    def stage_for(self, base_seed: int, processes_why: str | None,
+                  quiet: Callable[[], ContextManager[bool]] | None = None
+                  ) -> ProcessStage | None:
+        """The started stage batches should go to now, or None for threads (also while
+        a stage waits to start: ``quiet``, see :meth:`ProcessStage.start`)."""
         if self.mode == "threads" or self.failed is not None:
             return None
-        if self.mode == "auto" and gil_bound is None:
+        if self.mode == "auto" and processes_why is None:
             return None
         with self._lock:
             if self.stage is None:
                 self.reason = ("execution='processes'" if self.mode == "processes"
-                               else gil_bound or "")
+                               else processes_why or "")
                 stage = ProcessStage(self.dataset, self.workers, self.context,
                                      self.worker_init_fn, base_seed, self.capacity)
                 try:
-                    stage.start()
+                    started = stage.start(quiet)
                 except Exception as e:  # noqa: BLE001 - e.g. an unpicklable dataset with spawn
                     stage.close()
                     if self.mode == "processes":
@@ -678,6 +703,11 @@ class Execution:
                                              f"{type(e).__name__}: {e}") from e
                     self.failed = f"processes could not start ({type(e).__name__}: {e})"
                     log.warning("asyncfeed: %s; staying on threads", self.failed)
+                    return None
+                if not started:
+                    stage.close()
+                    log.debug("asyncfeed: the decode threads did not go quiet for the "
+                              "fork: the process stage starts later")
                     return None
                 self.stage = stage
                 log.debug("asyncfeed: process stage started (%d workers): %s",

@@ -207,9 +207,15 @@ def writer_for(p: Pipeline, layout: Layout) -> FlatWriter | None:
 
 def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
     """Load rows ``lo..hi`` of ``b`` (a decode-pool task; the pool passes the pass's
-    gate, see ``Pipeline.gate``), report the task's rows, wall and CPU time to the tuner, and finish ``b`` if
-    they were its last.  Returns at once when the pass is stopping."""
+    gate, see ``Pipeline.gate``), report the task's rows, wall and CPU time to the
+    tuner, and finish ``b`` if they were its last.  Returns at once when the pass
+    is stopping.  Once the pass has started its process stage (``Pipeline.stage``),
+    a task that had not started yet sends its rows there instead (they come back
+    pickled: the batch's buffers are not in shared memory)."""
     if p.stopping:
+        return
+    stage = p.stage
+    if stage is not None and stage.submit(p, b, lo, hi, None):
         return
     try:
         done, wall, cpu = _rows(p, b, lo, hi)
@@ -238,8 +244,11 @@ def _report(p: Pipeline, rows: int, wall: float, cpu: float, sizing: bool) -> No
     the pass's first-task sizing).  A failure there is logged: the rows are done,
     only tuning is lost."""
     try:
-        if p.tuner is not None:
-            p.tuner.record(rows, wall, cpu)
+        tuner = p.tuner
+        if tuner is not None:
+            tuner.record(rows, wall, cpu)
+            if tuner.processes_why is not None:
+                p.want_stage()
         if sizing and p.sizing is not None:
             p.sized(rows, wall, cpu)
     except Exception:  # noqa: BLE001
@@ -303,6 +312,10 @@ def write_deferred(p: Pipeline, b: Batch) -> None:
     buffers at once miss the caches, and each copy either holds the GIL or
     hands it over.  Here one thread copies the batch's rows in one go."""
     failed = [r for r, _, _ in b.failures] if b.failures else None
+    if any(s is None for s in b.samples):
+        # rows a worker process wrote into shared memory itself (a batch split
+        # between the stage and the threads): nothing to write for them here
+        failed = (failed or []) + [r for r, s in enumerate(b.samples) if s is None]
     _write(p, b, 0, b.n, failed, bulk=True)
 
 

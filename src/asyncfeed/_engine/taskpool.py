@@ -9,6 +9,11 @@ microsecond) of ``(fn, args)`` tuples and ``n`` named threads started up front.
 With a hundred threads each waiting on I/O, that overhead is what bounds one
 process's rate (the "ceiling" bench workload).
 
+``quiet()`` is a context manager that holds back the start of new tasks and
+waits until none is running: the process stage forks its workers inside it, so
+that no decode thread is in the middle of user code (holding, say, NumPy's
+random generator lock, which the child would inherit locked) at the fork.
+
 ``shutdown`` matches the executor's: ``cancel_futures`` drops queued tasks,
 ``wait`` joins the threads (a task already running is finished first).
 
@@ -25,10 +30,12 @@ GIL hand-off) per task even with one thread allowed to run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 log = logging.getLogger("asyncfeed")
@@ -60,12 +67,20 @@ class TaskPool:
         self._shutdown = False
         self._initializer = initializer
         self._gate: Admission | None = gate
-        self._threads = [threading.Thread(target=self._work, name=f"{thread_name_prefix}_{i}",
+        # quiet(): each thread flags its running task (written by that thread only,
+        # set before it reads _paused: with the GIL, no task starts unseen)
+        self._busy = [False] * n
+        self._paused = False
+        self._resume = threading.Event()
+        self._resume.set()
+        self._quiet_lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._work, args=(i,),
+                                          name=f"{thread_name_prefix}_{i}",
                                           daemon=False) for i in range(n)]
         for t in self._threads:
             t.start()
 
-    def _work(self) -> None:
+    def _work(self, me: int) -> None:
         if self._initializer is not None:
             try:
                 self._initializer()
@@ -91,10 +106,17 @@ class TaskPool:
                     del item
                     continue
                 fn, args = item
+                busy = self._busy
+                busy[me] = True
+                while self._paused:  # quiet(): wait, holding the task, until it ends
+                    busy[me] = False
+                    self._resume.wait()
+                    busy[me] = True
                 try:
                     fn(*args)
                 except BaseException:  # noqa: BLE001 - tasks report their own errors
                     log.exception("asyncfeed: a decode task raised")
+                busy[me] = False
                 del item, fn, args
                 # keep the place for the next task unless the limit went down: leaving
                 # and entering again would wake a parked thread (which then finds
@@ -105,6 +127,24 @@ class TaskPool:
         finally:
             if gate is not None:
                 gate.leave()
+
+    @contextlib.contextmanager
+    def quiet(self, timeout: float = 5.0) -> Iterator[bool]:
+        """Hold back new tasks and wait (at most ``timeout`` seconds) until no task
+        runs; yields whether that was reached.  Tasks start again on exit (also
+        when the body raises).  For the consumer thread; never call it from a task
+        (it would wait for itself)."""
+        with self._quiet_lock:
+            self._resume.clear()
+            self._paused = True
+            try:
+                deadline = time.monotonic() + timeout
+                while any(self._busy) and time.monotonic() < deadline:
+                    time.sleep(0.0005)
+                yield not any(self._busy)
+            finally:
+                self._paused = False
+                self._resume.set()
 
     def admit(self, gate: Admission | None) -> None:
         """From now on, a thread takes a task only inside ``gate`` (None: freely).

@@ -1,0 +1,294 @@
+"""Starting the process stage mid-pass: when, how fast, and safely.
+
+The tuner's one-window rules (``Tuner.sized`` then ``record``) decide; the
+consumer starts the stage as soon as it waits (``call_waiting``); row tasks
+queued for the threads move to the stage; the fork happens with no decode
+thread inside user code (``TaskPool.quiet``); a forked child never runs its
+parent's exit hooks; a worker whose loader's process is killed exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from torch.utils.data import DataLoader
+
+from asyncfeed import AsyncLoader
+from asyncfeed._engine import processes
+from asyncfeed._engine.autotune import WINDOW_S, Tuner
+from asyncfeed._engine.exithooks import OpenSet
+from asyncfeed._engine.taskpool import TaskPool
+from support.oracle import assert_same_batches
+
+
+# ------------------------------------------------------------- the tuner's rules
+_T0 = time.perf_counter() + 100.0  # after any change start_with makes (real clock)
+
+
+def _clock() -> list[float]:
+    return [0.0, 0.0]  # (machine idle, machine total)
+
+
+def _feed(t: Tuner, windows: int, rows: int, wall: float, cpu: float, tasks: int,
+          delay: list[float] | None = None, queued: float = 0.0,
+          waits: list[float] | None = None, wait_share: float = 0.0,
+          machine: list[float] | None = None, idle_cores: float = 0.0,
+          cores: int = 2) -> None:
+    """``windows`` windows, each of ``tasks`` tasks side by side lasting ``wall`` with
+    ``cpu`` each; the readings the tuner takes move as told (run-queue delay per
+    task, the consumer's waiting share, the machine's idle cores)."""
+    clock = _T0 + 1.0
+    step = WINDOW_S * 1.01
+    for _ in range(windows):
+        clock += step
+        for _ in range(tasks):
+            if delay is not None:
+                delay[0] += queued * step
+            t.record(rows, wall, cpu, now=clock)
+        if waits is not None:
+            waits[0] += wait_share * step
+        if machine is not None:
+            machine[0] += idle_cores * step
+            machine[1] += cores * step
+
+
+def _tuner(machine: list[float]) -> Tuner:
+    return Tuner(size=4, cores=2, adaptive=True,
+                 machine_idle=lambda: (machine[0], machine[1]))
+
+
+def test_gil_now_decides_from_one_window_after_the_rows_were_measured_alone():
+    machine, delay = _clock(), [0.0]
+    t = _tuner(machine)
+    t.gate_for_pass(run_delay=lambda: delay[0])
+    t.sized(4e-3, 0.98, now=_T0 + 1.0)
+    # four threads, 1.2 cores busy, 70% of their time neither on a core nor queued
+    _feed(t, 1, rows=2, wall=WINDOW_S, cpu=0.3 * WINDOW_S, tasks=4, delay=delay,
+          machine=machine, idle_cores=0.8)
+    assert t.processes_why is not None and "waiting for the GIL" in t.processes_why
+    assert "with 4 threads" in t.processes_why
+
+
+@pytest.mark.parametrize("case", ["gil-free", "io-alone", "queued-for-cores", "cheap",
+                                  "not-sized"])
+def test_gil_now_is_not_fooled(case):
+    """One window (the probe-based rules need two and more): only the one-window
+    rule could decide, and here it must not."""
+    machine, delay = _clock(), [0.0]
+    t = _tuner(machine)
+    t.gate_for_pass(run_delay=lambda: delay[0])
+    if case != "not-sized":
+        t.sized(5e-5 if case == "cheap" else 4e-3, 0.3 if case == "io-alone" else 0.98,
+                now=_T0 + 1.0)
+    cpu, queued = 0.3 * WINDOW_S, 0.0            # the GIL's figures...
+    if case == "gil-free":                        # ... but two cores busy
+        cpu, queued = 0.5 * WINDOW_S, 0.5
+    elif case == "queued-for-cores":              # ... but off-core time is run queue
+        queued = 0.7
+    _feed(t, 1, rows=2, wall=WINDOW_S, cpu=cpu, tasks=4, delay=delay, queued=queued,
+          machine=machine, idle_cores=0.8)
+    assert t.processes_why is None, t.processes_why
+
+
+@pytest.mark.parametrize("row_cpu,wait_share,idle_cores,expect", [
+    (3e-5, 0.9, 1.0, True),     # CIFAR-like: the consumer waits, a core is idle
+    (3e-5, 0.1, 1.0, False),    # the model is slower than one thread: stay
+    (3e-5, 0.9, 0.2, False),    # no idle core to run a worker on
+    (2e-6, 0.9, 1.0, False),    # a no-op sample: collecting it would cost more
+])
+def test_tiny_rows_go_to_processes_only_where_workers_can_win(row_cpu, wait_share,
+                                                               idle_cores, expect):
+    machine, waits = _clock(), [0.0]
+    t = _tuner(machine)
+    t.gate_for_pass(run_delay=lambda: 0.0, consumer_wait=lambda: waits[0])
+    t.start_with(1, "tiny: the test starts on one", hold=16)
+    t.sized(row_cpu, 1.0, now=_T0 + 1.0)
+    _feed(t, 3, rows=100, wall=WINDOW_S / 3, cpu=0.9 * WINDOW_S / 3, tasks=3,
+          waits=waits, wait_share=wait_share, machine=machine, idle_cores=idle_cores)
+    assert (t.processes_why is not None) is expect, t.processes_why
+    if expect:
+        assert t.processes_why.startswith("tiny rows:")
+
+
+# ------------------------------------------------------------ quiet, at-fork
+def test_quiet_holds_new_tasks_and_waits_for_running_ones():
+    pool = TaskPool(3, "asyncfeed-test-quiet")
+    try:
+        running = threading.Event()
+        release = threading.Event()
+        ran: list[str] = []
+
+        def slow() -> None:
+            running.set()
+            release.wait(5)
+            ran.append("slow")
+
+        pool.submit(slow)
+        assert running.wait(5)
+        threading.Timer(0.2, release.set).start()
+        t0 = time.monotonic()
+        with pool.quiet() as calm:
+            waited = time.monotonic() - t0
+            assert calm and ran == ["slow"] and waited >= 0.15
+            pool.submit(ran.append, "held")
+            time.sleep(0.1)
+            assert ran == ["slow"]  # no task starts while quiet
+        deadline = time.monotonic() + 5
+        while "held" not in ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ran == ["slow", "held"]
+        # a task that does not end in time: quiet says so (and lets tasks go on after)
+        release.clear()
+        running.clear()
+        pool.submit(slow)
+        assert running.wait(5)
+        with pool.quiet(timeout=0.1) as calm:
+            assert not calm
+        release.set()
+    finally:
+        pool.shutdown(wait=True)
+
+
+class _Item:
+    closed = False
+
+
+def test_a_forked_child_does_not_close_its_parents_objects():
+    closed: list[int] = []
+    opened = OpenSet(lambda items: closed.extend(os.getpid() for _ in items))
+    item = _Item()
+    opened.add(item)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of its parent's is its to close
+        os.close(r)
+        os.write(w, str(len(opened.left())).encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 16)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"0"
+    assert opened.left() == [item]  # the parent still has it
+
+
+# --------------------------------------------------------------- mid-pass moves
+class _Tiny:
+    """Fixed-shape samples, slow in the loader's process; sample ``trigger`` (loaded
+    there) marks the tuner as the GIL rule would."""
+
+    def __init__(self, n: int, trigger: int) -> None:
+        self.n, self.trigger = n, trigger
+        self.loader: AsyncLoader | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if os.getpid() == _PARENT and self.loader is not None:
+            if i == self.trigger:
+                self.loader._tuner.processes_why = "gil: set by the test"
+            time.sleep(0.002)  # slow in threads: batches wait in the queue
+        return np.full((3, 4), i, np.int64), i % 7
+
+
+_PARENT = os.getpid()
+
+
+def test_row_tasks_queued_for_threads_move_to_the_stage(monkeypatch):
+    sent: list[str | None] = []
+    real = processes.ProcessStage.submit
+
+    def spy(self, p, b, lo, hi, path):
+        ok = real(self, p, b, lo, hi, path)
+        if ok:
+            sent.append(path)
+        return ok
+
+    monkeypatch.setattr(processes.ProcessStage, "submit", spy)
+    ds = _Tiny(400, trigger=16 * 2 + 3)
+    with AsyncLoader(ds, batch_size=16, num_threads=1, prefetch=4) as al:
+        ds.loader = al
+        got = list(al)
+        assert al.stats().execution.startswith("processes: 2 workers (gil: set by the test")
+    ds.loader = None
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    assert None in sent, "no queued row task went to the stage (pickled back)"
+    assert any(p is not None for p in sent), "later batches did not use shared memory"
+
+
+def test_tiny_rows_switch_to_processes_by_themselves_with_dataloaders_batches():
+    """A CIFAR-like set (rows of tens of microseconds, the GIL held) and a consumer
+    that only waits: the default loader moves to worker processes on its own,
+    and its batches are DataLoader's."""
+
+    class Cifar:
+        def __init__(self, n: int) -> None:
+            self.x = np.random.default_rng(0).integers(0, 256, (n, 32, 32, 3), np.uint8)
+
+        def __len__(self) -> int:
+            return len(self.x)
+
+        def __getitem__(self, i: int):
+            img = np.pad(self.x[i], ((4, 4), (4, 4), (0, 0)))
+            for _ in range(3):  # ~ a numpy augmentation's cost, deterministic
+                img = np.ascontiguousarray(img[::-1])
+            return np.ascontiguousarray(img[i % 9:i % 9 + 32, :32].transpose(2, 0, 1)), i % 10
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: worker processes cannot win")
+    ds = Cifar(30_000)
+    with AsyncLoader(ds, batch_size=128) as al:
+        got = list(al)
+        why = al.stats().execution
+    assert_same_batches(got, list(DataLoader(ds, batch_size=128)))
+    # on a machine other work keeps busy the idle-core rule may keep it on threads
+    busy = psutil.cpu_percent(interval=0.2) > 60
+    assert why.startswith("processes: 2 workers (tiny rows:") or busy, why
+
+
+# -------------------------------------------------------------- parent death
+def test_workers_exit_when_the_loaders_process_is_killed(tmp_path):
+    script = textwrap.dedent("""
+        import os, sys, time
+        import numpy as np
+        from asyncfeed import AsyncLoader
+
+        class DS:
+            def __len__(self): return 10_000
+            def __getitem__(self, i): return np.zeros(4), i
+
+        al = AsyncLoader(DS(), batch_size=8, execution="processes")
+        it = iter(al)
+        next(it)
+        print(" ".join(map(str, al._exec.stage.pids())), flush=True)
+        time.sleep(60)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert p.stdout is not None
+        pids = [int(x) for x in p.stdout.readline().split()]
+        assert len(pids) == 2
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        deadline = time.monotonic() + 10
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [q for q in pids if psutil.pid_exists(q)
+                     and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]
+            time.sleep(0.1)
+        assert not alive, f"workers outlived the killed loader: {alive}"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
