@@ -403,6 +403,11 @@ def test_the_probe_finds_the_gil_held_as_often_as_python_holds_it():
         try:
             probe.start()
             time.sleep(seconds)
+            # under a GIL convoy a waiting thread can starve for seconds (CPython's
+            # hand-off is not fair): read at least a few wake-ups, however long
+            deadline = time.monotonic() + 20
+            while probe.probes < 5 and time.monotonic() < deadline:
+                time.sleep(0.1)
         finally:
             probe.close()
             stop.set()

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader
 from asyncfeed._engine import processes
-from asyncfeed._engine.autotune import WINDOW_S, Tuner
+from asyncfeed._engine.autotune import WINDOW_S, Gate, Tuner
 from asyncfeed._engine.exithooks import OpenSet
 from asyncfeed._engine.taskpool import TaskPool
 from support.oracle import assert_same_batches
@@ -292,3 +292,62 @@ def test_workers_exit_when_the_loaders_process_is_killed(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# ------------------------------------------------------------ inline rows
+class _Noop:
+    """Rows that cost nothing: a preallocated array and the index."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.row = np.arange(12, dtype=np.int32).reshape(3, 4)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.row, i
+
+
+def test_rows_that_cost_nothing_are_loaded_by_the_waiting_consumer():
+    ds = _Noop(3000)
+    ran_in: set[str] = set()
+    real = _Noop.__getitem__
+
+    def spy(self, i):
+        ran_in.add(threading.current_thread().name)
+        return real(self, i)
+
+    with AsyncLoader(ds, batch_size=64, shuffle=True,
+                     generator=torch_generator(3)) as al:
+        _Noop.__getitem__ = spy  # type: ignore[method-assign]
+        try:
+            first = list(al)
+            ran_in.clear()
+            second = list(al)  # the next pass starts inline
+        finally:
+            _Noop.__getitem__ = real  # type: ignore[method-assign]
+        why = al.stats().execution
+    assert why.startswith("threads: none running, the consumer loads while it waits"), why
+    assert ran_in == {threading.current_thread().name}, ran_in
+    g = torch_generator(3)
+    want = list(DataLoader(ds, batch_size=64, shuffle=True, generator=g))
+    assert_same_batches(first, want)
+    assert_same_batches(second, list(DataLoader(ds, batch_size=64, shuffle=True, generator=g)))
+
+
+def test_run_one_runs_a_queued_task_in_the_calling_thread():
+    pool = TaskPool(1, "asyncfeed-test-runone", gate=Gate(0))  # its thread runs nothing
+    try:
+        got: list[str] = []
+        pool.submit(lambda: got.append(threading.current_thread().name))
+        assert pool.run_one() is True
+        assert got == [threading.current_thread().name]
+        assert pool.run_one() is False  # nothing queued
+    finally:
+        pool.shutdown(wait=True)
+
+
+def torch_generator(seed: int):
+    import torch
+    return torch.Generator().manual_seed(seed)

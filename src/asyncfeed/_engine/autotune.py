@@ -192,6 +192,8 @@ class Tuner:
         # why worker processes should run the per-sample function (the GIL holds it,
         # or tiny rows keep one thread busy while the consumer waits); None: threads
         self.processes_why: str | None = None
+        # why the consumer runs the tasks itself (None: decode threads do), see run_inline
+        self.inline: str | None = None
         self._hold = 0
         self._backoff = 2
 
@@ -220,13 +222,29 @@ class Tuner:
             self._w_cpu = self._w_wall = 0.0
             self._probe = None
             self._seen = []
-            self._gate = Gate(self.limit) if self.adaptive else None
+            self._gate = Gate(0 if self.inline else self.limit) if self.adaptive else None
             return self._gate
 
     def describe(self) -> str:
         if not self.adaptive:
             return f"threads: {self.size} (pinned)"
+        if self.inline is not None:
+            return f"threads: none running, the consumer loads while it waits ({self.inline})"
         return f"threads: {self.limit} of {self.size} running (adaptive)"
+
+    def run_inline(self, why: str) -> None:
+        """From now on no decode thread runs a task: the consumer runs them while it
+        waits for a batch (rows so cheap that waking a thread and handing the
+        batch back cost more than loading them; see ``Pipeline.sized``).  For
+        good: nothing adapts after that.  Does nothing when the count is pinned."""
+        with self._lock:
+            if not self.adaptive:
+                return
+            log.debug("asyncfeed: decode threads %d -> 0 (%s)", self.limit, why)
+            self.moves.append((self.limit, 0, why))
+            self.inline = why
+            if self._gate is not None:
+                self._gate.set_limit(0)
 
     def start_with(self, limit: int, why: str, hold: int = 0) -> None:
         """Run ``limit`` threads from now on, and make no decision for the next
@@ -264,7 +282,7 @@ class Tuner:
         with self._lock:
             c = wall / rows
             self.row_cost_s = c if self.row_cost_s is None else 0.8 * self.row_cost_s + 0.2 * c
-            if not self.adaptive or self._gate is None:
+            if not self.adaptive or self._gate is None or self.inline is not None:
                 return
             if now - wall < self._changed_at:
                 return  # started under the previous limit

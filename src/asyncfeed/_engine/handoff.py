@@ -105,6 +105,7 @@ class BatchHandoff:
         # and the hand-over of the GIL to it (see _mark_ready)
         self._awaited: int | None = None
         self._call: Callable[[], None] | None = None  # see call_waiting
+        self.inline = False  # the consumer runs queued tasks while it waits (run_inline)
         self._handing: Any = None  # the lock a readying thread waits on until it is taken
         self.submitted = 0          # batches submitted so far (= next k)
         self.taken = 0              # batches handed to the consumer
@@ -193,6 +194,14 @@ class BatchHandoff:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise LoaderTimeout(self._timeout_message(k, timeout))
+                if self.inline:  # load rows here instead of waking a thread for them
+                    self.cond.release()
+                    try:
+                        ran = self.runtime.pool.run_one()
+                    finally:
+                        self.cond.acquire()
+                    if ran:
+                        continue
                 self._awaited = -1 if k is None else k
                 try:
                     self.cond.wait(remaining if remaining is not None else 1.0)

@@ -391,6 +391,7 @@ class AsyncLoader(Generic[T_co]):
                                                   gil_held=pipeline.acct.gil_held,
                                                   consumer_wait=pipeline.acct.consumer_wait)
         pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
+        pipeline.inline = self._tuner.inline is not None  # see Tuner.run_inline
         if self.execution != "threads" and not self._use_fetch:
             ex, tuner = self._exec, self._tuner
             base_seed = getattr(self._plan, "base_seed", None)

@@ -48,6 +48,11 @@ from .runtime import Runtime
 #: this cheap either, see ``autotune.PROCESS_MIN_ROW_S``)
 TINY_ROW_CPU_S = PROCESS_MIN_ROW_S
 TINY_ON_CORE = 0.25    # ... and its CPU time is at least this share of its wall time
+#: a row cheaper than this (a no-op sample, a row of an in-RAM tensor) is loaded by the
+#: consumer while it waits: waking a thread and handing the batch back cost more than
+#: the rows (DataLoader's num_workers=0, with the rows written in place).  The most a
+#: batch can then cost the consumer: batch size x this (2 ms for 256 rows)
+INLINE_ROW_CPU_S = 8e-6
 SIZING_TASKS = 2       # tasks run alone at the start of a fresh tuner's first pass
 TINY_HOLD = 16         # decision rounds the tuner then keeps one thread before probing
 
@@ -319,10 +324,12 @@ class Pipeline(BatchHandoff):
     def sized(self, rows: int, wall: float, cpu: float) -> None:
         """A task that ran alone (see :meth:`_start_sizing`) loaded ``rows`` rows in
         ``wall`` seconds using ``cpu`` seconds (decode thread).  After
-        ``SIZING_TASKS`` of them: tiny rows (less CPU than ``TINY_ROW_CPU_S``, at
-        least ``TINY_ON_CORE`` of the time on a core) make the tuner run one
-        thread for ``TINY_HOLD`` rounds before it probes for more, anything else
-        lets every running thread go again."""
+        ``SIZING_TASKS`` of them: rows cheaper than ``INLINE_ROW_CPU_S`` (at least
+        ``TINY_ON_CORE`` of the time on a core) are loaded by the consumer while it
+        waits, no thread running (``Tuner.run_inline``); tiny rows (less CPU than
+        ``TINY_ROW_CPU_S``) make the tuner run one thread for ``TINY_HOLD`` rounds
+        before it probes for more; anything else lets every running thread go
+        again.  The tuner learns what a row costs alone (``Tuner.sized``)."""
         with self.cond:
             got = self.sizing
             if got is None or rows <= 0:
@@ -336,6 +343,12 @@ class Pipeline(BatchHandoff):
             else 1.0
         tuner, gate = self.tuner, self.gate
         assert tuner is not None and gate is not None  # sizing starts only with both
+        if row_cpu < INLINE_ROW_CPU_S and on_core >= TINY_ON_CORE:
+            tuner.run_inline(f"a row costs {row_cpu * 1e6:.1f} us of CPU, measured alone")
+            with self.cond:
+                self.inline = True
+                self.cond.notify_all()  # a consumer already waiting runs the tasks now
+            return
         if row_cpu < TINY_ROW_CPU_S and on_core >= TINY_ON_CORE:
             tuner.start_with(1, f"a row costs {row_cpu * 1e6:.0f} us of CPU, measured alone: "
                                 "one thread", hold=TINY_HOLD)

@@ -128,6 +128,27 @@ class TaskPool:
             if gate is not None:
                 gate.leave()
 
+    def run_one(self) -> bool:
+        """Run one queued task in the calling thread; False if none was queued.  For
+        the consumer, which loads rows itself while it waits when they are too
+        cheap for a thread (``Tuner.run_inline``); what the task raises is logged
+        as in the pool's threads."""
+        if self._shutdown:
+            return False
+        try:
+            item = self._q.get_nowait()
+        except queue.Empty:
+            return False
+        if item is _STOP:
+            self._q.put(_STOP)
+            return False
+        fn, args = item
+        try:
+            fn(*args)
+        except BaseException:  # noqa: BLE001 - tasks report their own errors
+            log.exception("asyncfeed: a decode task raised")
+        return True
+
     @contextlib.contextmanager
     def quiet(self, timeout: float = 5.0) -> Iterator[bool]:
         """Hold back new tasks and wait (at most ``timeout`` seconds) until no task
