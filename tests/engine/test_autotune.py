@@ -83,6 +83,9 @@ def test_rows_per_task_hands_tiny_samples_out_in_batches():
     assert rows_per_task(128, 1, 1e-6) == 128                  # whole batch
     assert rows_per_task(128, 4, 1e-6) == 32                   # every running thread a share
     assert rows_per_task(32, 4, 5e-3) == 1                     # expensive: one row a task
+    assert rows_per_task(32, 4, 5e-3, 4e-3) == 1               # ... on a core: still one
+    # rows that mostly wait (5 ms, 10 us of CPU): two a task, even with many threads
+    assert rows_per_task(32, 128, 5e-3, 1e-5) == 2
 
 
 def test_gate_lets_limit_tasks_run_and_open_releases_waiters():

@@ -75,6 +75,9 @@ log = logging.getLogger("asyncfeed")
 WINDOW_S = 0.04        # shortest measuring window
 MIN_TASKS = 3          # tasks a window must see before it counts
 TASK_TARGET_S = 2e-3   # a task this long makes its ~20 us of overhead negligible
+WAITING_ROW_CPU_SHARE = 0.1  # a row on a core less than this share of its time waits ...
+WAITING_ROWS_PER_TASK = 2    # ... and shares a task with another (the "ceiling" workload:
+                             # 5 ms sleeps at 128 threads, 16-17k -> 20-21k samples/s)
 DOWN_TOLERANCE = 0.97  # a probe down is kept unless the rate falls below this
 UP_GAIN = 1.05         # a probe up is kept only if the rate rises by this
 BUSY = 0.7             # share of the allowed cores the tasks must keep busy to probe up
@@ -175,6 +178,7 @@ class Tuner:
         self.adaptive = adaptive and size > 1
         self.limit = size
         self.row_cost_s: float | None = None   # mean task wall time per row
+        self.row_cpu_s: float | None = None    # mean task thread CPU time per row
         self.rates: dict[int, float] = {}      # last rate measured at each limit
         self.moves: list[tuple[int, int, str]] = []  # (from, to, why), for stats and tests
         self._lock = threading.Lock()
@@ -280,8 +284,9 @@ class Tuner:
             return
         now = time.perf_counter() if now is None else now
         with self._lock:
-            c = wall / rows
+            c, u = wall / rows, cpu / rows
             self.row_cost_s = c if self.row_cost_s is None else 0.8 * self.row_cost_s + 0.2 * c
+            self.row_cpu_s = u if self.row_cpu_s is None else 0.8 * self.row_cpu_s + 0.2 * u
             if not self.adaptive or self._gate is None or self.inline is not None:
                 return
             if now - wall < self._changed_at:
@@ -526,16 +531,26 @@ def read_machine_idle() -> tuple[float, float] | None:
         return None
 
 
-def rows_per_task(n: int, running: int, row_cost_s: float | None) -> int:
+def rows_per_task(n: int, running: int, row_cost_s: float | None,
+                  row_cpu_s: float | None = None) -> int:
     """Rows of an ``n``-row batch per decode task, with ``running`` threads running.
 
     Before any measurement, a quarter of a thread's share of the batch.  Then
     enough rows for a task to last ``TASK_TARGET_S`` (the whole batch when
     samples are tiny), but no more than one running thread's share, so that
-    every running thread works on each batch.
+    every running thread works on each batch -- except for rows whose CPU
+    (``row_cpu_s``) is under ``WAITING_ROW_CPU_SHARE`` of their wall time
+    (``row_cost_s``): ``WAITING_ROWS_PER_TASK`` of those go in a task.
     """
     running = max(1, running)
     if row_cost_s is None or row_cost_s <= 0:
         return max(1, n // (4 * running))
     k = math.ceil(TASK_TARGET_S / row_cost_s)
-    return max(1, min(k, math.ceil(n / running)))
+    k = max(1, min(k, math.ceil(n / running)))
+    if row_cpu_s is not None and row_cpu_s < WAITING_ROW_CPU_SHARE * row_cost_s:
+        # rows that mostly wait (I/O, a remote call): a task's own Python (queue
+        # wake-up, report, bookkeeping) is most of what they cost the process, so
+        # two rows share it; the loader keeps twice the rows in flight for that
+        # (``AsyncLoader._default_prefetch``), and every thread stays busy
+        k = max(k, WAITING_ROWS_PER_TASK)
+    return k

@@ -271,8 +271,9 @@ class Pipeline(BatchHandoff):
                     running = self.runtime.num_threads  # every thread runs after them
             # runs of rows per pool task, sized by the measured cost of a row: tiny
             # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
-            step = rows_per_task(b.n, running,
-                                 self.tuner.row_cost_s if self.tuner is not None else None)
+            t = self.tuner
+            step = rows_per_task(b.n, running, t.row_cost_s if t is not None else None,
+                                 t.row_cpu_s if t is not None else None)
             bounds = [(lo, lo + 1) for lo in range(start)] + \
                 [(lo, min(lo + step, b.n)) for lo in range(start, b.n, step)]
             for lo, hi in bounds:
