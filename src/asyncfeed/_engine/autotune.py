@@ -99,7 +99,7 @@ PROCESS_MIN_ROW_S = 2e-4   # a sample cheaper than this does not pay for a proce
 ALONE_ON_CORE = 0.7        # a row measured alone spent this share of its time on a core
 GIL_WAIT_NOW = 0.3         # one window's GIL wait share that, with CPU-bound rows and idle
                            # cores, marks the GIL without waiting for a probe down
-GIL_FREE = 0.2             # the GIL probe found the GIL held less than this: not the GIL
+GIL_FREE = 0.25            # the GIL probe found the GIL held less than this: not the GIL
 TINY_MIN_ROW_S = 1e-5      # tiny rows cheaper than this stay on the thread (see above)
 TINY_BUSY = 0.75           # the one thread keeps this share of a core busy ...
 CONSUMER_WAITS = 0.5       # ... the consumer waits this share of the window ...
