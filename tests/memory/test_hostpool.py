@@ -251,7 +251,11 @@ def test_dropped_batches_come_back_without_the_garbage_collector(gc_off, source,
             batches += 1
         assert batches == 24
         assert pool.reused > 0
-        assert pool.allocated <= pool.capacity, (
+        # a decode thread that finished rows of a batch still holds it in its frame
+        # until its task returns: on a loaded machine the consumer can drop that
+        # batch first, and one more set is taken meanwhile (at most one a thread).
+        # Rows held until a garbage collection would take a set for every batch.
+        assert pool.allocated <= pool.capacity + 3, (
             f"{pool.allocated} buffer sets for {batches} dropped batches: something "
             f"holds the rows until a garbage collection")
 
