@@ -351,3 +351,30 @@ def test_run_one_runs_a_queued_task_in_the_calling_thread():
 def torch_generator(seed: int):
     import torch
     return torch.Generator().manual_seed(seed)
+
+
+class _SlowOnce(_Tiny):
+    """As :class:`_Tiny`, and the triggering sample then takes 0.6 s (in the loader's
+    process): the stage cannot fork while it runs."""
+
+    def __getitem__(self, i: int):
+        out = super().__getitem__(i)
+        if i == self.trigger and os.getpid() == _PARENT and self.loader is not None:
+            time.sleep(0.6)
+        return out
+
+
+def test_the_fork_waits_for_running_tasks_and_tries_again_later(monkeypatch, caplog):
+    import logging
+    monkeypatch.setattr(processes, "QUIET_S", 0.1)
+    monkeypatch.setattr(processes, "QUIET_RETRY_S", 0.2)
+    ds = _SlowOnce(320, trigger=16 * 2 + 3)
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        with AsyncLoader(ds, batch_size=16, num_threads=1, prefetch=4) as al:
+            ds.loader = al
+            got = list(al)
+            why = al.stats().execution
+    ds.loader = None
+    assert "did not go quiet" in caplog.text
+    assert why.startswith("processes: 2 workers (gil: set by the test"), why
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))

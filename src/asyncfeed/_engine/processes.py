@@ -64,6 +64,8 @@ log = logging.getLogger("asyncfeed")
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)  # private: may be absent
 _ALIGN = 64
 PARENT_CHECK_S = 1.0   # an idle worker checks this often that the loader's process lives
+QUIET_S = 1.0          # the longest the consumer waits for running tasks before a fork
+QUIET_RETRY_S = 5.0    # ... and, when they did not end, before it tries again
 _names = itertools.count()
 
 
@@ -397,9 +399,10 @@ class ProcessStage:
         lock such code held at the fork (NumPy's global generator's, a logging
         handler's) would stay locked in the child for ever.  False, starting
         nothing, if the threads did not go quiet in time (a task still running
-        after 5 s); the caller may try again later."""
+        after ``QUIET_S``); the caller may try again later (``Execution`` waits
+        ``QUIET_RETRY_S``)."""
         if quiet is not None and self.ctx.get_start_method() == "fork":
-            with quiet() as calm:
+            with quiet(QUIET_S) as calm:
                 return self._start() if calm else False
         return self._start()
 
@@ -677,6 +680,7 @@ class Execution:
         self.reason = ""
         self.failed: str | None = None
         self._ran: ProcessStage | None = None
+        self._retry_after = 0.0  # (monotonic) no start before: see ProcessStage.start
         self._lock = threading.Lock()
 
     def stage_for(self, base_seed: int, processes_why: str | None,
@@ -688,6 +692,8 @@ class Execution:
             return None
         if self.mode == "auto" and processes_why is None:
             return None
+        if self.stage is None and time.monotonic() < self._retry_after:
+            return None  # the threads did not go quiet a moment ago: not again yet
         with self._lock:
             if self.stage is None:
                 self.reason = ("execution='processes'" if self.mode == "processes"
@@ -706,6 +712,7 @@ class Execution:
                     return None
                 if not started:
                     stage.close()
+                    self._retry_after = time.monotonic() + QUIET_RETRY_S
                     log.debug("asyncfeed: the decode threads did not go quiet for the "
                               "fork: the process stage starts later")
                     return None
