@@ -391,7 +391,7 @@ class ProcessStage:
     def usable(self) -> bool:
         return not self._closing and self.broken is None
 
-    def start(self, quiet: Callable[[], ContextManager[bool]] | None = None) -> bool:
+    def start(self, quiet: Callable[[float], ContextManager[bool]] | None = None) -> bool:
         """Start the workers and the results thread (once; from the consumer thread).
 
         ``quiet``: the decode pool's ``TaskPool.quiet``.  With the fork start method
@@ -684,7 +684,7 @@ class Execution:
         self._lock = threading.Lock()
 
     def stage_for(self, base_seed: int, processes_why: str | None,
-                  quiet: Callable[[], ContextManager[bool]] | None = None
+                  quiet: Callable[[float], ContextManager[bool]] | None = None
                   ) -> ProcessStage | None:
         """The started stage batches should go to now, or None for threads (also while
         a stage waits to start: ``quiet``, see :meth:`ProcessStage.start`)."""
