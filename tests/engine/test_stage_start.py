@@ -31,7 +31,13 @@ from support.oracle import assert_same_batches
 
 
 # ------------------------------------------------------------- the tuner's rules
-_T0 = time.perf_counter() + 100.0  # after any change start_with makes (real clock)
+_T0 = 0.0  # set per test: after any change start_with makes (it reads the real clock)
+
+
+@pytest.fixture(autouse=True)
+def _clock_base():
+    global _T0
+    _T0 = time.perf_counter() + 100.0
 
 
 def _clock() -> list[float]:
@@ -372,7 +378,10 @@ def test_the_fork_waits_for_running_tasks_and_tries_again_later(monkeypatch, cap
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
         with AsyncLoader(ds, batch_size=16, num_threads=1, prefetch=4) as al:
             ds.loader = al
-            got = list(al)
+            got = []
+            for batch in al:  # a slow consumer: the thread runs ahead, and batches
+                got.append(batch)  # are taken (and planned) while the slow task runs
+                time.sleep(0.05)
             why = al.stats().execution
     ds.loader = None
     assert "did not go quiet" in caplog.text
