@@ -59,6 +59,20 @@ async def _warm(src, urls: list[str], n: int = 40) -> None:
         await src.read(urls[i % len(urls)])
 
 
+def _faulted_read(src, urls, target: str, server, rel: str, kind: str,
+                  **fault) -> tuple[bytes, int]:
+    """Warm ``src`` up, give ``rel`` one ``kind`` fault, read ``target``: (its bytes,
+    the requests the server saw for it)."""
+    async def main():
+        await _warm(src, urls)
+        server.add_fault(rel, kind, **fault)
+        before = server.count(rel)
+        data = await src.read(target)
+        await src.close_io()
+        return data, server.count(rel) - before
+
+    return asyncio.run(main())
+
 def test_hedge_answers_a_stalled_read_once(image_tree, http_server):
     """A read stalled before any byte, while later reads answer, is sent again; the
     second answer wins, the stalled request is cancelled (its connection closed),
@@ -158,15 +172,8 @@ def test_adaptive_timeout_abandons_a_stall_before_the_hard_cap(image_tree, http_
     target = urls[3]
     rel = _rel(target, http_server.url)
 
-    async def main():
-        await _warm(src, urls)
-        http_server.add_fault(rel, "stall", after=10, times=1)
-        before = http_server.count(rel)
-        data = await src.read(target)
-        await src.close_io()
-        return data, http_server.count(rel) - before
-
-    data, requests = asyncio.run(main())
+    data, requests = _faulted_read(src, urls, target, http_server, rel, "stall",
+                                   after=10, times=1)
     assert data == _local(image_tree, target, http_server.url)
     stats = src.read_stats()
     assert stats.stalls == 1 and stats.retries == 1 and stats.hedges == 0
@@ -260,15 +267,8 @@ def test_a_slow_but_steady_body_is_not_abandoned(image_tree, http_server):
     rel = _rel(target, http_server.url)
     size = len(_local(image_tree, target, http_server.url))
 
-    async def main():
-        await _warm(src, urls)
-        http_server.add_fault(rel, "trickle", chunk=size // 15 + 1, interval=0.1, times=1)
-        before = http_server.count(rel)
-        data = await src.read(target)
-        await src.close_io()
-        return data, http_server.count(rel) - before
-
-    data, requests = asyncio.run(main())
+    data, requests = _faulted_read(src, urls, target, http_server, rel, "trickle",
+                                   chunk=size // 15 + 1, interval=0.1, times=1)
     assert data == _local(image_tree, target, http_server.url)
     stats = src.read_stats()
     assert (stats.stalls, stats.retries) == (0, 0)
