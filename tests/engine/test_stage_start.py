@@ -387,3 +387,19 @@ def test_the_fork_waits_for_running_tasks_and_tries_again_later(monkeypatch, cap
     assert "did not go quiet" in caplog.text
     assert why.startswith("processes: 2 workers (gil: set by the test"), why
     assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+
+
+def test_the_gil_probe_wakes_often_only_while_the_first_windows_may_decide():
+    from asyncfeed._engine.gilprobe import FAST_FOR_S
+    ds = _Noop(256)
+    with AsyncLoader(ds, batch_size=32) as fresh, \
+            AsyncLoader(ds, batch_size=32, num_threads=2) as pinned:
+        it = iter(fresh)
+        assert it._p.acct.probe.fast_for == FAST_FOR_S
+        list(it)  # decides: these rows cost nothing (the consumer loads them)
+        again = iter(fresh)
+        assert again._p.acct.probe.fast_for == 0.0
+        list(again)
+        it2 = iter(pinned)
+        assert it2._p.acct.probe.fast_for == 0.0
+        list(it2)

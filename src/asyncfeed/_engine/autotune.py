@@ -236,6 +236,13 @@ class Tuner:
             return f"threads: none running, the consumer loads while it waits ({self.inline})"
         return f"threads: {self.limit} of {self.size} running (adaptive)"
 
+    @property
+    def undecided(self) -> bool:
+        """Whether a pass's first windows may still decide where samples run (an
+        adaptive count that has not measured a row alone yet, nor chosen)."""
+        return (self.adaptive and self.alone is None and self.inline is None
+                and self.processes_why is None)
+
     def run_inline(self, why: str) -> None:
         """From now on no decode thread runs a task: the consumer runs them while it
         waits for a batch (rows so cheap that waking a thread and handing the

@@ -20,8 +20,10 @@ Python threads that keep the GIL busy make every wait long, a preempted
 holder only one.
 
 Cost: one wake-up per ``period`` (about 50 per second, about 3 ms of CPU a second
-in all; every ``FAST_PERIOD_S`` during the first ``FAST_FOR_S`` of a pass, so that
-a short epoch's first windows have wake-ups to read), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
+in all; every ``FAST_PERIOD_S`` during the first ``FAST_FOR_S`` of a pass whose
+loader has not yet decided between threads and processes, so that a short
+epoch's first windows have wake-ups to read: each wake-up while Python holds
+the GIL forces switches, 1-2% of a one-second epoch on one thread), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
 running at interpreter exit are closed before the interpreter joins
@@ -77,10 +79,11 @@ class GilProbe:
     """
 
     def __init__(self, period: float = 0.02, fast_period: float = FAST_PERIOD_S,
-                 fast_for: float = FAST_FOR_S) -> None:
+                 fast_for: float = 0.0) -> None:
         self.period = period
         # the first ``fast_for`` seconds wake every ``fast_period``: the adaptive
-        # thread count needs a few wake-ups early in a short epoch
+        # thread count needs a few wake-ups early in a short epoch (the loader sets
+        # it, to ``FAST_FOR_S``, on a pass whose decision is still to come)
         self.fast_period = fast_period
         self.fast_for = fast_for
         self.held = 0

@@ -21,6 +21,7 @@ from .iterable import IterablePipeline
 from .handoff import PassConfig
 from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
+from .gilprobe import FAST_FOR_S
 from .runtime import Runtime
 from .._memory.slots import SlotRing
 from .accounting import Accounting
@@ -395,6 +396,8 @@ class AsyncLoader(Generic[T_co]):
                                                   consumer_wait=pipeline.acct.consumer_wait)
         pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
         pipeline.inline = self._tuner.inline is not None  # see Tuner.run_inline
+        if self._tuner.undecided:  # the first windows decide: wake the GIL probe often
+            pipeline.acct.probe.fast_for = FAST_FOR_S
         if self.execution != "threads" and not self._use_fetch:
             ex, tuner = self._exec, self._tuner
             base_seed = getattr(self._plan, "base_seed", None)
