@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._errors import LoaderClosedError, LoaderTimeout
 from .._memory.device import pin
@@ -45,6 +45,8 @@ class PassState(enum.Enum):
 
 
 _ENDED = frozenset({PassState.FINISHED, PassState.CLOSED})
+
+T = TypeVar("T")
 
 #: the longest a thread that readied the batch the consumer waits for waits for the
 #: consumer to take it (see ``BatchHandoff._mark_ready``)
@@ -172,13 +174,9 @@ class BatchHandoff:
         with self.cond:
             while True:
                 call = self._call
-                if call is not None:  # see call_waiting: run it without the lock
+                if call is not None:  # see call_waiting
                     self._call = None
-                    self.cond.release()
-                    try:
-                        call()
-                    finally:
-                        self.cond.acquire()
+                    self._unlocked(call)
                     continue
                 if k is not None:
                     if k in self.ready:
@@ -194,19 +192,22 @@ class BatchHandoff:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise LoaderTimeout(self._timeout_message(k, timeout))
-                if self.inline:  # load rows here instead of waking a thread for them
-                    self.cond.release()
-                    try:
-                        ran = self.runtime.pool.run_one()
-                    finally:
-                        self.cond.acquire()
-                    if ran:
-                        continue
+                # with inline rows, load them here instead of waking a thread for them
+                if self.inline and self._unlocked(self.runtime.pool.run_one):
+                    continue
                 self._awaited = -1 if k is None else k
                 try:
                     self.cond.wait(remaining if remaining is not None else 1.0)
                 finally:
                     self._awaited = None
+
+    def _unlocked(self, fn: Callable[[], T]) -> T:
+        """``fn()`` with the pass's lock released (the caller holds it once)."""
+        self.cond.release()
+        try:
+            return fn()
+        finally:
+            self.cond.acquire()
 
     def call_waiting(self, fn: Callable[[], None]) -> None:
         """Have the consumer thread call ``fn`` (any thread): at once if it is waiting

@@ -43,6 +43,14 @@ log = logging.getLogger("asyncfeed")
 _STOP = None
 
 
+def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Run a task; what it raises is logged (tasks report their own errors)."""
+    try:
+        fn(*args)
+    except BaseException:  # noqa: BLE001 - tasks report their own errors
+        log.exception("asyncfeed: a decode task raised")
+
+
 class Admission(Protocol):
     """What ``TaskPool.admit`` takes (``autotune.Gate``)."""
 
@@ -112,10 +120,7 @@ class TaskPool:
                     busy[me] = False
                     self._resume.wait()
                     busy[me] = True
-                try:
-                    fn(*args)
-                except BaseException:  # noqa: BLE001 - tasks report their own errors
-                    log.exception("asyncfeed: a decode task raised")
+                _call(fn, args)
                 busy[me] = False
                 del item, fn, args
                 # keep the place for the next task unless the limit went down: leaving
@@ -142,11 +147,7 @@ class TaskPool:
         if item is _STOP:
             self._q.put(_STOP)
             return False
-        fn, args = item
-        try:
-            fn(*args)
-        except BaseException:  # noqa: BLE001 - tasks report their own errors
-            log.exception("asyncfeed: a decode task raised")
+        _call(*item)
         return True
 
     @contextlib.contextmanager
