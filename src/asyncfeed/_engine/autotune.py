@@ -317,16 +317,23 @@ class Tuner:
             if self._warming:
                 self._warming = False
                 return
-            if self.processes_why is None and self.alone is not None and self.cores > 1:
+            if self._may_decide_now():
                 self._verdict_now(rate, used, gil, idle, waited)
             self._decide(rate, used, now, idle if gil is None else None, gil)
 
     def _start_readings(self) -> None:
         """Read the counters a window's tests compare (at its start)."""
         self._delay_at_start = self._run_delay() if self._run_delay is not None else None
-        self._idle_at_start = self._machine_idle()
+        # the machine's idle CPU (one /proc/stat read): for the GIL test where the
+        # run-queue delay is unknown, and for the one-window rules until they decide
+        self._idle_at_start = self._machine_idle() \
+            if self._delay_at_start is None or self._may_decide_now() else None
         self._cwait_at_start = self._consumer_wait() if self._consumer_wait is not None \
             else None
+
+    def _may_decide_now(self) -> bool:
+        """Whether the one-window rules (:meth:`_verdict_now`) still apply."""
+        return self.processes_why is None and self.alone is not None and self.cores > 1
 
     def _consumer_share(self, span: float) -> float | None:
         """The share of the window (``span`` seconds) the consumer spent waiting for

@@ -20,10 +20,12 @@ Python threads that keep the GIL busy make every wait long, a preempted
 holder only one.
 
 Cost: one wake-up per ``period`` (about 50 per second, about 3 ms of CPU a second
-in all; every ``FAST_PERIOD_S`` during the first ``FAST_FOR_S`` of a pass whose
-loader has not yet decided between threads and processes, so that a short
-epoch's first windows have wake-ups to read: each wake-up while Python holds
-the GIL forces switches, 1-2% of a one-second epoch on one thread), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches.
+in all), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches
+per wake-up.  During the first ``FAST_FOR_S`` of a pass whose loader has not yet
+decided between threads and processes the probe wakes every ``FAST_PERIOD_S``,
+so that a short epoch's first windows have wake-ups to read; at that rate the
+forced switches cost 1-2% of a one-second epoch on one thread, which is why
+only such a pass does it.
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
 running at interpreter exit are closed before the interpreter joins
