@@ -47,6 +47,9 @@ def _read_only(i: int) -> np.ndarray:
 # samples of row i, each kind a flat layout FlatWriter takes (or declines: complex)
 KINDS = {
     "small-ndarray-int": lambda i: (_rng_img(i, (3, 8, 8)), i),
+    # small rows go in with one bytes.join, unless a row is not C-contiguous
+    "small-strided": lambda i: (_rng_img(i, (8, 8, 3)).transpose(2, 0, 1), i),
+    "small-tensor-f16": lambda i: (torch.full((3, 5), i / 3, dtype=torch.float16), i),
     "big-ndarray-float": lambda i: (_rng_img(i), i / 7),
     "big-read-only": lambda i: (_read_only(i), i),
     "big-strided": lambda i: (_rng_img(i, BIG[1:] + BIG[:1]).transpose(2, 0, 1), i),
@@ -246,12 +249,14 @@ def test_start_with_moves_the_limit_and_holds_it():
 
 
 class Tiny:
-    """Rows costing a few microseconds of Python."""
+    """Rows costing about 30 us of Python: well inside the band that runs one thread
+    (``INLINE_ROW_CPU_S``..``TINY_ROW_CPU_S``, 8-200 us), away from both ends."""
 
     def __len__(self) -> int:
         return 400
 
     def __getitem__(self, i: int):
+        sum(range(2500))  # ~25 us
         return np.full((3, 4, 4), i % 256, np.uint8), i
 
 

@@ -19,9 +19,13 @@ and waits for it again, ``REPEATS`` waits in all, and keeps the median:
 Python threads that keep the GIL busy make every wait long, a preempted
 holder only one.
 
-Cost: one wake-up per ``period`` (about 50 per second, about 3 ms of CPU a second
-in all), and while Python holds the GIL, up to ``REPEATS`` forced GIL switches
-per wake-up.  During the first ``FAST_FOR_S`` of a pass whose loader has not yet
+Cost: one wake-up per ``period`` (about 3 ms of CPU a second in all at 20 ms),
+and while Python holds the GIL, up to ``REPEATS`` forced GIL switches per
+wake-up: measured on one thread running small pure-Python samples (bench
+workload (f) with ``num_threads=1``), 4-5% of the rate at a 20 ms period,
+under 1% at ``QUIET_PERIOD_S``.  So the loader wakes it every 20 ms only where
+the adaptive thread count reads it, else every ``QUIET_PERIOD_S`` (its figures
+are then for ``stats()`` alone).  During the first ``FAST_FOR_S`` of a pass whose loader has not yet
 decided between threads and processes the probe wakes every ``FAST_PERIOD_S``,
 so that a short epoch's first windows have wake-ups to read; at that rate the
 forced switches cost 1-2% of a one-second epoch on one thread, which is why
@@ -40,7 +44,7 @@ import time
 
 from .exithooks import OpenSet
 
-__all__ = ["GilProbe", "HELD_S", "REPEATS"]
+__all__ = ["GilProbe", "HELD_S", "PERIOD_S", "QUIET_PERIOD_S", "REPEATS"]
 
 #: waits per sample after a long first one; the sample is their median
 REPEATS = 3
@@ -48,6 +52,10 @@ REPEATS = 3
 GAP_S = 0.001
 #: a wait for the GIL longer than this means another thread held it
 HELD_S = 2e-4
+#: the period where the adaptive thread count reads the probe
+PERIOD_S = 0.02
+#: the period where only ``stats()`` does (a pinned thread count)
+QUIET_PERIOD_S = 0.1
 #: the probe's period during its first ``FAST_FOR_S`` seconds
 FAST_PERIOD_S = 0.004
 FAST_FOR_S = 0.25
@@ -80,7 +88,7 @@ class GilProbe:
     readings); ``pressure(held, probes)`` turns them into 0..1.
     """
 
-    def __init__(self, period: float = 0.02, fast_period: float = FAST_PERIOD_S,
+    def __init__(self, period: float = PERIOD_S, fast_period: float = FAST_PERIOD_S,
                  fast_for: float = 0.0) -> None:
         self.period = period
         # the first ``fast_for`` seconds wake every ``fast_period``: the adaptive
