@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader
 from asyncfeed._engine import processes
-from asyncfeed._engine.autotune import WINDOW_S, Gate, Tuner, read_machine_idle
+from asyncfeed._engine.autotune import MIN_TASKS, WINDOW_S, Gate, Tuner, read_machine_idle
 from asyncfeed._engine.exithooks import OpenSet
 from asyncfeed._engine.taskpool import TaskPool
 from support.oracle import assert_same_batches
@@ -121,6 +121,34 @@ def test_gil_now_is_not_fooled(case):
     _feed(t, 2 if case == "not-sized" else 1, rows=2, wall=_W, cpu=cpu, tasks=4,
           delay=delay, queued=queued, machine=machine, idle_cores=0.8)
     assert t.processes_why is None, t.processes_why
+
+
+@pytest.mark.parametrize("used,gil,held,expect", [
+    (0.65, 0.20, 0.30, True),    # workload (c): few cores busy, both signs weak but there
+    (1.10, 0.00, 0.43, True),    # (c) with a wait share that read nothing
+    (1.49, 0.16, 0.29, False),   # workload (a): GIL-free decoder, 1.5 cores busy
+    (1.31, 0.14, 0.06, False),   # workload (g): a little over the cores share
+    (0.90, 0.10, 0.10, False),   # few cores busy, yet neither sign: not the GIL
+])
+def test_gil_now_from_low_use_and_both_signs(used, gil, held, expect):
+    """Four CPU-bound threads on two cores: the third one-window rule reads the
+    cores they keep busy with the sum of the GIL wait share and the probe's."""
+    machine, delay, probe = _clock(), [0.0], [0, 0]
+    t = _tuner(machine)
+    t.gate_for_pass(run_delay=lambda: delay[0], gil_held=lambda: (probe[0], probe[1]))
+    t.sized(4e-3, 0.98, now=_T0 + 1.0)
+    probe[:] = [round(held * 20), 20]
+    # the window closes at its MIN_TASKS-th task and spans the first one's wall
+    # time; its run-queue reading starts at the first task: the others' delay counts
+    k, step = MIN_TASKS, WINDOW_S * 1.01
+    cpu = used * _W / k
+    queued = k * (_W - cpu - gil * _W) / ((k - 1) * step)
+    _feed(t, 1, rows=2, wall=_W, cpu=cpu, tasks=k, delay=delay, queued=queued,
+          machine=machine, idle_cores=0.8)
+    assert (t.processes_why is not None) is expect, t.processes_why
+    if expect:
+        assert f"{used:.2f} cores busy" in t.processes_why
+        assert "GIL held" in t.processes_why and "waiting for the GIL" in t.processes_why
 
 
 @pytest.mark.parametrize("row_cpu,wait_share,idle_cores,expect", [

@@ -40,7 +40,13 @@ that cannot win:
   of its time) and costs at least ``PROCESS_MIN_ROW_S``; with several threads
   running, they leave ``SPARE_CORES`` idle and spend ``GIL_WAIT_NOW`` of their
   task time neither on a core nor queued for one (the GIL probe, where it has
-  enough wake-ups, must not say the GIL is mostly free);
+  enough wake-ups, must not say the GIL is mostly free) -- or they keep no more
+  than ``LOW_USE_NOW`` of the cores they could fill busy and that wait share
+  plus the share of the probe's wake-ups that found the GIL held reach
+  ``GIL_SIGNS_NOW`` (in one 40 ms window each reading alone is noisy: measured
+  on workload (c) 0.0-0.48 and 0.29-0.58, their sum 0.43-0.98 with 0.63-1.23 of
+  2 cores busy; on (a) and (g), GIL-free decoders, 1.46-1.66 cores busy and sums
+  of 0.18-0.45, or 1.31-1.44 cores and sums under 0.31 in a second window);
 * **tiny rows**: rows of ``TINY_MIN_ROW_S``..``PROCESS_MIN_ROW_S`` of CPU run on
   one thread (more threads only hand the GIL around); when that thread keeps
   ``TINY_BUSY`` of a core busy, the consumer spends ``CONSUMER_WAITS`` of the
@@ -100,6 +106,9 @@ ALONE_ON_CORE = 0.7        # a row measured alone spent this share of its time o
 GIL_WAIT_NOW = 0.3         # one window's GIL wait share that, with CPU-bound rows and idle
                            # cores, marks the GIL without waiting for a probe down
 GIL_FREE = 0.25            # the GIL probe found the GIL held less than this: not the GIL
+LOW_USE_NOW = 0.65         # several threads keep at most this share of the cores they
+GIL_SIGNS_NOW = 0.35       # could fill busy, and the GIL wait share plus the probe's
+                           # held share reach this: each too noisy alone in one window
 TINY_MIN_ROW_S = 1e-5      # tiny rows cheaper than this stay on the thread (see above)
 TINY_BUSY = 0.75           # the one thread keeps this share of a core busy ...
 CONSUMER_WAITS = 0.5       # ... the consumer waits this share of the window ...
@@ -363,6 +372,11 @@ class Tuner:
                 self.processes_why = (f"gil: {used:.2f} cores busy with {n} threads, "
                                       f"{gil:.0%} of their time waiting for the GIL, "
                                       f"{rate:,.0f} rows/s")
+            elif gil is not None and held is not None and gil + held >= GIL_SIGNS_NOW \
+                    and used <= LOW_USE_NOW * min(n, self.cores):
+                self.processes_why = (f"gil: {used:.2f} cores busy with {n} threads, "
+                                      f"{gil:.0%} of their time waiting for the GIL, "
+                                      f"GIL held {held:.0%} of the time, {rate:,.0f} rows/s")
         elif n == 1 and TINY_MIN_ROW_S <= row_cpu < PROCESS_MIN_ROW_S and used >= TINY_BUSY \
                 and waited is not None and waited >= CONSUMER_WAITS \
                 and idle is not None and idle * self.cores >= TINY_SPARE_CORES:
