@@ -23,13 +23,13 @@ Cost: one wake-up per ``period`` (about 3 ms of CPU a second in all at 20 ms),
 and while Python holds the GIL, up to ``REPEATS`` forced GIL switches per
 wake-up: measured on one thread running small pure-Python samples (bench
 workload (f) with ``num_threads=1``), 4-5% of the rate at a 20 ms period,
-under 1% at ``QUIET_PERIOD_S``.  So the loader wakes it every 20 ms only where
-the adaptive thread count reads it, else every ``QUIET_PERIOD_S`` (its figures
-are then for ``stats()`` alone).  During the first ``FAST_FOR_S`` of a pass whose loader has not yet
-decided between threads and processes the probe wakes every ``FAST_PERIOD_S``,
-so that a short epoch's first windows have wake-ups to read; at that rate the
-forced switches cost 1-2% of a one-second epoch on one thread, which is why
-only such a pass does it.
+under 1% at ``QUIET_PERIOD_S``.  So the loader wakes it every ``PERIOD_S`` only
+where the adaptive thread count reads it, else every ``QUIET_PERIOD_S`` (its
+figures are then for ``stats()`` alone).  During the first ``FAST_FOR_S`` of a
+pass whose loader has not yet decided between threads and processes the probe
+wakes every ``FAST_PERIOD_S``, so that a short epoch's first windows have
+wake-ups to read; at that rate the forced switches cost 1-2% of a one-second
+epoch on one thread, which is why only such a pass does it.
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
 running at interpreter exit are closed before the interpreter joins
