@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import io
 import numbers
+import os
 import sys
+import threading
 from types import ModuleType
 from typing import Literal, Union
 
@@ -44,9 +46,38 @@ def _opencv() -> ModuleType:
     docstring)."""
     global _cv2
     if _cv2 is None:
-        import cv2
-        _cv2 = cv2
+        with _CV2_IMPORT:
+            if _cv2 is None:
+                _cv2 = _import_opencv()
     return _cv2
+
+
+_CV2_IMPORT = threading.Lock()
+#: OpenBLAS's wait before its idle threads sleep, as a power of two of CPU cycles
+#: (its default is 28: ~0.1 s at 2.5 GHz)
+_OPENBLAS_TIMEOUT = "4"
+
+
+def _import_opencv() -> ModuleType:
+    """``import cv2``, without its bundled OpenBLAS spinning a core for ~0.1 s.
+
+    The opencv-python wheels carry their own OpenBLAS, whose thread pool starts at
+    load and busy-waits for work ~2**28 cycles before it sleeps: a whole core for
+    ~100 ms, measured here, in the first pass's first tasks (where this import
+    happens) -- on two cores, half the machine while the tuner measures the rows.
+    ``OPENBLAS_THREAD_TIMEOUT``, read once when that library loads, shortens the
+    wait; it is set for the import only and only where the user has not set it
+    (OpenCV's own BLAS calls then let their threads sleep sooner: nothing the
+    loader's ``resize`` uses).  numpy's OpenBLAS is loaded already and unaffected."""
+    if "cv2" in sys.modules or "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        import cv2
+        return cv2
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = _OPENBLAS_TIMEOUT
+    try:
+        import cv2
+    finally:
+        os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)
+    return cv2
 
 
 _JPEG_MAGIC = b"\xff\xd8\xff"

@@ -109,6 +109,12 @@ GIL_FREE = 0.25            # the GIL probe found the GIL held less than this: no
 LOW_USE_NOW = 0.65         # several threads keep at most this share of the cores they
 GIL_SIGNS_NOW = 0.35       # could fill busy, and the GIL wait share plus the probe's
                            # held share reach this: each too noisy alone in one window
+PAIR_GIL_WAIT = 0.15       # two threads side by side (Tuner.paired) that spend this share of
+PAIR_CORES = 1.6           # their task time waiting for the GIL, keeping at most this many
+                           # cores busy: the GIL holds the per-sample function
+PAIR_GIL_FREE = 0.08       # ... under this share: the GIL does not (no one-window GIL rule)
+PAIR_OVERLAP = 1.3         # task time (summed) per second of the pair's span below which
+                           # the two threads barely ran side by side: it says nothing
 TINY_MIN_ROW_S = 1e-5      # tiny rows cheaper than this stay on the thread (see above)
 TINY_BUSY = 0.75           # the one thread keeps this share of a core busy ...
 CONSUMER_WAITS = 0.5       # ... the consumer waits this share of the window ...
@@ -207,6 +213,9 @@ class Tuner:
         self.processes_why: str | None = None
         # why the consumer runs the tasks itself (None: decode threads do), see run_inline
         self.inline: str | None = None
+        # two threads side by side barely waited for the GIL (see paired): the
+        # one-window GIL rules, noisier than that measure, no longer apply
+        self.pair_free = False
         self._hold = 0
         self._backoff = 2
 
@@ -292,6 +301,59 @@ class Tuner:
             self._w_rows = self._w_tasks = 0
             self._w_cpu = self._w_wall = 0.0
 
+    def may_pair(self, row_cpu: float, on_core: float) -> bool:
+        """Whether rows measured alone at ``row_cpu`` seconds of CPU, on a core
+        ``on_core`` of their time, are worth running side by side before the pass
+        opens every thread (see :meth:`paired`): CPU-bound rows dear enough for a
+        worker process, on an adaptive count with more than one core to use."""
+        return (self.adaptive and self.cores > 1 and self.processes_why is None
+                and self.inline is None and on_core >= ALONE_ON_CORE
+                and row_cpu >= PROCESS_MIN_ROW_S)
+
+    @staticmethod
+    def pair_overlapped(span: float, wall: float) -> bool:
+        """Whether tasks of ``wall`` seconds in all, in a pair measure of ``span``
+        seconds, ran side by side long enough to say anything (the second thread
+        may have started late, or not at all)."""
+        return span > 0 and wall >= PAIR_OVERLAP * span
+
+    def run_delay_now(self) -> float | None:
+        """The pass's decode threads' cumulative run-queue delay (None: unknown)."""
+        return self._run_delay() if self._run_delay is not None else None
+
+    def paired(self, rows: int, span: float, wall: float, cpu: float,
+               delay: float | None) -> bool:
+        """Two threads ran tasks side by side for ``span`` seconds (after the rows
+        measured alone, see :meth:`sized`): ``rows`` rows in tasks that took
+        ``wall`` seconds and ``cpu`` seconds of CPU in all, the decode threads
+        ``delay`` seconds queued for a core meanwhile (None: unknown).  Marks the
+        per-sample function as holding the GIL when the pair kept at most
+        ``PAIR_CORES`` cores busy and waited, neither on a core nor queued for
+        one, ``PAIR_GIL_WAIT`` of its task time (GIL-free rows keep two cores
+        busy; rows measured alone were on a core, so the wait is not I/O).
+        True if it did.  Workload (c) decides here ~30 ms into its first pass,
+        instead of after a 40 ms window of four threads convoying on the GIL."""
+        if wall <= 0 or span <= 0 or delay is None:
+            return False
+        gil = min(1.0, max(0.0, wall - cpu - delay) / wall)
+        used = cpu / span
+        log.debug("asyncfeed: two threads side by side: %d rows in %.1f ms, %.2f cores "
+                  "busy, %.0f%% of their time waiting for the GIL", rows, span * 1e3,
+                  used, 100 * gil)
+        if not self.pair_overlapped(span, wall):
+            return False
+        with self._lock:
+            if self.processes_why is not None:
+                return False
+            if gil < PAIR_GIL_FREE:
+                self.pair_free = True
+            if gil < PAIR_GIL_WAIT or used > PAIR_CORES:
+                return False
+            self.processes_why = (f"gil: two threads side by side kept {used:.2f} cores busy, "
+                                  f"{gil:.0%} of their time waiting for the GIL")
+        log.debug("asyncfeed: %s", self.processes_why)
+        return True
+
     # -------------------------------------------------------------- measuring
     def record(self, rows: int, wall: float, cpu: float, now: float | None = None) -> None:
         """A decode task finished ``rows`` rows in ``wall`` seconds using ``cpu`` seconds
@@ -342,7 +404,8 @@ class Tuner:
 
     def _may_decide_now(self) -> bool:
         """Whether the one-window rules (:meth:`_verdict_now`) still apply."""
-        return self.processes_why is None and self.alone is not None and self.cores > 1
+        return self.processes_why is None and self.alone is not None and self.cores > 1 \
+            and not self.pair_free
 
     def _consumer_share(self, span: float) -> float | None:
         """The share of the window (``span`` seconds) the consumer spent waiting for

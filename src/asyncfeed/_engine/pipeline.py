@@ -22,6 +22,7 @@ batches to the consumer, and the pass's lifecycle, are :class:`~.handoff.BatchHa
 from __future__ import annotations
 
 import asyncio
+import logging
 import functools
 import threading
 import time
@@ -41,6 +42,8 @@ from .layout import Layout, LayoutMismatch
 from .readahead import ReadAhead
 from .runtime import Runtime
 
+log = logging.getLogger("asyncfeed")
+
 
 #: a row that costs less CPU than this, measured alone, and spends most of its time on
 #: a core (not waiting for I/O) is "tiny": handing the GIL between threads costs more
@@ -54,7 +57,29 @@ TINY_ON_CORE = 0.25    # ... and its CPU time is at least this share of its wall
 #: batch can then cost the consumer: batch size x this (2 ms for 256 rows)
 INLINE_ROW_CPU_S = 8e-6
 SIZING_TASKS = 2       # tasks run alone at the start of a fresh tuner's first pass
+PAIR_THREADS = 2       # then threads run tasks side by side (see Pipeline.sized) ...
+PAIR_S = 0.01          # ... starting tasks for this long (two switch intervals)
+PAIR_QUEUED = 0.15     # a pair that waited this share of its task time for a core ran
+PAIR_ROUNDS = 3        # on one (the scheduler had put both threads there): once more,
+                       # up to this many rounds in all
 TINY_HOLD = 16         # decision rounds the tuner then keeps one thread before probing
+
+
+class _Pairing:
+    """Tasks run side by side after the sizing ones (see :meth:`Pipeline.sized`)."""
+
+    def __init__(self, row_cpu: float, on_core: float, delay0: float | None,
+                 round: int = 1) -> None:
+        self.row_cpu = row_cpu   # the rows measured alone
+        self.on_core = on_core
+        self.round = round
+        self.t0 = time.perf_counter()
+        self.delay0 = delay0     # the decode threads' run-queue delay then
+        self.closed = False      # no task starts after this (the gate is at 0)
+        self.running = 0
+        self.rows = 0
+        self.wall = 0.0
+        self.cpu = 0.0
 
 
 class LayoutHolder:
@@ -156,6 +181,10 @@ class Pipeline(BatchHandoff):
         # the first tasks' (rows, wall, cpu) while they run alone (see sized)
         self.sizing: list[tuple[int, float, float]] | None = None
         self._sizing_checked = False
+        # then the tasks run side by side (see sized); the gate held at 0 after them
+        # until the consumer has started the process stage (see _start_stage)
+        self.pairing: _Pairing | None = None
+        self._gate_held = False
         self.acct.resources = self._resources()
         if isinstance(copy, CopyStream):  # (tests drive the ring with stand-ins)
             self.acct.h2d_source = copy.drain_timings
@@ -292,22 +321,36 @@ class Pipeline(BatchHandoff):
                                    *self.acct.resources[1:])
         self.stage = stage
 
-    def want_stage(self) -> None:
+    def want_stage(self) -> bool:
         """The tuner found that samples should run in worker processes (any thread):
         the consumer starts the stage the next time it waits for a batch (or at
-        its next submit), not when the batches already planned are done."""
+        its next submit), not when the batches already planned are done.  False
+        if it was asked before (or cannot start in this pass)."""
         if self.stage_for is None or self._stage_asked or self.stage is not None:
-            return
+            return False
         self._stage_asked = True
         self.call_waiting(self._start_stage)
+        return True
 
     def _start_stage(self) -> None:
-        """(consumer thread, see :meth:`want_stage`) Start the stage, if it may run."""
-        if self.stopping or self.stage is not None or self.stage_for is None:
-            return
-        stage = self.stage_for()
-        if stage is not None:
-            self._use_stage(stage)
+        """(consumer thread, see :meth:`want_stage`) Start the stage, if it may run;
+        then let the decode threads go again if the pair measure held them (they
+        hand the tasks queued for them to the stage)."""
+        try:
+            if self.stopping or self.stage is not None or self.stage_for is None:
+                return
+            stage = self.stage_for()
+            if stage is not None:
+                self._use_stage(stage)
+        finally:
+            self._release_gate()
+
+    def _release_gate(self) -> None:
+        """Let the threads the pair measure held at the gate run again (idempotent)."""
+        with self.cond:
+            held, self._gate_held = self._gate_held, False
+        if held and self.gate is not None and self.tuner is not None:
+            self.gate.set_limit(self.tuner.limit)
 
     def _start_sizing(self) -> bool:
         """On the first pass of a loader whose thread count adapts (nothing measured
@@ -353,7 +396,93 @@ class Pipeline(BatchHandoff):
         if row_cpu < TINY_ROW_CPU_S and on_core >= TINY_ON_CORE:
             tuner.start_with(1, f"a row costs {row_cpu * 1e6:.0f} us of CPU, measured alone: "
                                 "one thread", hold=TINY_HOLD)
+        elif self.stage_for is not None and self.stage is None and not self._stage_asked \
+                and tuner.may_pair(row_cpu, on_core):
+            with self.cond:
+                self.pairing = _Pairing(row_cpu, on_core, tuner.run_delay_now())
+            gate.set_limit(PAIR_THREADS)
+            return
         tuner.sized(row_cpu, on_core)
+        gate.set_limit(tuner.limit)
+
+    def pair_task_starts(self) -> bool:
+        """(decode thread, at a task's start) Whether the task counts in the pair
+        measure (see :meth:`sized`); the first to start ``PAIR_S`` after the
+        measure began closes it: no thread takes a task after its current one."""
+        with self.cond:
+            pr = self.pairing
+            if pr is None:
+                return False
+            pr.running += 1
+            if not pr.closed and time.perf_counter() - pr.t0 >= PAIR_S:
+                self._close_pairing(pr)
+            return True
+
+    def _close_pairing(self, pr: _Pairing) -> None:
+        pr.closed = True
+        if self.gate is not None:
+            self.gate.set_limit(0)
+
+    def drop_pairing(self) -> None:
+        """Give up the pair measure (its bookkeeping failed): every running thread goes
+        again (idempotent, any thread)."""
+        with self.cond:
+            pr, self.pairing = self.pairing, None
+            held, self._gate_held = self._gate_held, False
+        if (pr is not None or held) and self.gate is not None and self.tuner is not None:
+            self.gate.set_limit(self.tuner.limit)
+
+    def paired(self, rows: int, wall: float, cpu: float) -> None:
+        """(decode thread) A task counted in the pair measure ended: ``rows`` rows in
+        ``wall`` seconds, ``cpu`` of them on a core.  Once the measure is closed
+        and its tasks are done, the tuner judges it (``Tuner.paired``).  Where it
+        finds the GIL and the consumer waits for a batch, the threads stay at the
+        gate (none runs: no wait before the fork) until the consumer has started
+        the process stage; else every running thread goes again."""
+        with self.cond:
+            pr = self.pairing
+            if pr is None:
+                return
+            pr.running -= 1
+            pr.rows += rows
+            pr.wall += wall
+            pr.cpu += cpu
+            if not pr.closed and time.perf_counter() - pr.t0 >= PAIR_S:
+                self._close_pairing(pr)  # this thread leaves the gate after its task
+            if not pr.closed or pr.running > 0:
+                return
+            self.pairing = None
+            consumer_waits = self._awaited is not None
+        tuner, gate = self.tuner, self.gate
+        assert tuner is not None and gate is not None  # pairing starts only with both
+        span = time.perf_counter() - pr.t0
+        end = tuner.run_delay_now()
+        delay = None if end is None or pr.delay0 is None else end - pr.delay0
+        queued = delay is not None and delay >= PAIR_QUEUED * pr.wall
+        if (queued or not tuner.pair_overlapped(span, pr.wall)) and pr.round < PAIR_ROUNDS:
+            # woken by a thread still running, the other thread was queued on that
+            # thread's core (the scheduler moves it within a few milliseconds), or
+            # started too late to overlap it: the pair says nothing about the GIL yet
+            log.debug("asyncfeed: two threads side by side waited %.1f ms for a core, "
+                      "%.1f ms of tasks in %.1f ms: measuring again",
+                      (delay or 0.0) * 1e3, pr.wall * 1e3, span * 1e3)
+            with self.cond:
+                if not self.stopping:
+                    self.pairing = _Pairing(pr.row_cpu, pr.on_core, end, pr.round + 1)
+                    gate.set_limit(PAIR_THREADS)
+                    return
+        try:
+            tuner.sized(pr.row_cpu, pr.on_core)
+            if tuner.paired(pr.rows, span, pr.wall, pr.cpu, delay) and consumer_waits:
+                with self.cond:
+                    self._gate_held = True
+                if self.want_stage():
+                    return
+                self._release_gate()
+                return
+        except BaseException:
+            gate.set_limit(tuner.limit)  # never leave the threads parked
+            raise
         gate.set_limit(tuner.limit)
 
     def _submit_task(self, fn: Callable[..., None], *args: Any) -> None:

@@ -236,13 +236,14 @@ def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
     stage = p.stage
     if stage is not None and stage.submit(p, b, lo, hi, None):
         return
+    paired = p.pairing is not None and p.pair_task_starts()
     try:
         done, wall, cpu = _rows(p, b, lo, hi)
     except BaseException as e:  # noqa: BLE001 - a bug of ours: the batch fails with it
         with p.cond:            # (the pool only logs what a task raises: the consumer
             b.error = b.error or e  # would wait for these rows for ever)
         done, wall, cpu = hi - lo, 0.0, 0.0
-    _report(p, done, wall, cpu, sizing=True)
+    _report(p, done, wall, cpu, sizing=True, paired=paired)
     if done == hi - lo:
         rows_done(p, b, lo, hi)
 
@@ -258,20 +259,24 @@ def _gated(p: Pipeline, load: Callable[..., int], *args: Any) -> int:
     return done
 
 
-def _report(p: Pipeline, rows: int, wall: float, cpu: float, sizing: bool) -> None:
+def _report(p: Pipeline, rows: int, wall: float, cpu: float, sizing: bool,
+            paired: bool = False) -> None:
     """A task's rows, wall and thread CPU time to the tuner (and, with ``sizing``, to
-    the pass's first-task sizing).  A failure there is logged: the rows are done,
-    only tuning is lost."""
+    the pass's first-task sizing; with ``paired``, to its pair measure).  A
+    failure there is logged: the rows are done, only tuning is lost."""
     try:
         tuner = p.tuner
         if tuner is not None:
             tuner.record(rows, wall, cpu)
-            if tuner.processes_why is not None:
-                p.want_stage()
+        if paired:
+            p.paired(rows, wall, cpu)
         if sizing and p.sizing is not None:
             p.sized(rows, wall, cpu)
+        if tuner is not None and tuner.processes_why is not None:
+            p.want_stage()
     except Exception:  # noqa: BLE001
         log.exception("asyncfeed: the adaptive thread count failed")
+        p.drop_pairing()  # no thread may stay parked at a gate the pair measure closed
 
 
 def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
