@@ -527,3 +527,53 @@ def test_process_stage_tasks_are_timed_as_decode_by_the_workers():
     assert st.stages["decode"].count == 64 and st.stages["assemble"].count == 8
     assert st.bottleneck == "decode", st._reading
     assert "2 worker processes" in st.explain()
+
+
+class _ScriptedProbe(GilProbe):
+    """A probe whose waits return at once with scripted figures: (wait, awake)
+    per wake-up, recording the sleep each one asked for."""
+
+    def __init__(self, script: list[tuple[float, float]], **kw) -> None:
+        super().__init__(**kw)
+        self.script = list(script)
+        self.asked: list[float] = []
+
+    def _wait(self, fd, seconds):
+        self.asked.append(seconds)
+        if not self.script:
+            self._stop = True
+            return None
+        return self.script.pop(0)
+
+
+@pytest.mark.parametrize("budget", [None, 0.01])
+def test_a_budget_stretches_the_sleep_after_a_long_wait_for_the_gil(budget):
+    """Each wake-up that found the GIL held waits three times; with a budget the
+    next sleep is at least the time spent awake waiting over the budget, so the
+    probe spends at most that share of the time storming a holder."""
+    from asyncfeed._engine.gilprobe import GAP_S, REPEATS
+    held = (0.004, 0.005)           # GIL held: each wait ~5 ms
+    free = (0.0, 1e-5)              # GIL free: no repeats
+    script = [held] * REPEATS + [free, free]
+    probe = _ScriptedProbe(script, period=0.1, budget=budget)
+    probe._run()
+    sleeps = [s for s in probe.asked if s != GAP_S]
+    assert probe.probes == 3 and probe.held == 1
+    assert probe.awake_s == pytest.approx(REPEATS * 0.005 + 2e-5)
+    assert sleeps[0] == 0.1                         # nothing waited yet
+    if budget is None:
+        assert sleeps[1:] == [0.1, 0.1, 0.1]
+    else:
+        assert sleeps[1] == pytest.approx(REPEATS * 0.005 / budget)  # 1.5 s
+        assert sleeps[2] == 0.1                     # the GIL was free: period again
+    assert probe.asked.count(GAP_S) == REPEATS - 1
+
+
+def test_the_quiet_probe_has_a_budget_and_the_adaptive_one_none():
+    from asyncfeed._engine.gilprobe import QUIET_BUDGET
+    for threads, budget in ((2, QUIET_BUDGET), (None, None)):
+        with AsyncLoader(Rows(64), batch_size=8, num_threads=threads) as loader:
+            it = iter(loader)
+            next(it)
+            assert loader._acct.probe.budget == budget, threads
+            del it

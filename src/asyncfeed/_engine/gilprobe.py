@@ -23,13 +23,28 @@ Cost: one wake-up per ``period`` (about 3 ms of CPU a second in all at 20 ms),
 and while Python holds the GIL, up to ``REPEATS`` forced GIL switches per
 wake-up: measured on one thread running small pure-Python samples (bench
 workload (f) with ``num_threads=1``), 4-5% of the rate at a 20 ms period,
-under 1% at ``QUIET_PERIOD_S``.  So the loader wakes it every ``PERIOD_S`` only
+under 1% at ``QUIET_PERIOD_S`` (on the VM of that day).  So the loader wakes it every ``PERIOD_S`` only
 where the adaptive thread count reads it, else every ``QUIET_PERIOD_S`` (its
 figures are then for ``stats()`` alone).  During the first ``FAST_FOR_S`` of a
 pass whose loader has not yet decided between threads and processes the probe
 wakes every ``FAST_PERIOD_S``, so that a short epoch's first windows have
 wake-ups to read; at that rate the forced switches cost 1-2% of a one-second
 epoch on one thread, which is why only such a pass does it.
+
+What the forced switches cost is not the whole cost.  While the probe waits for
+the GIL (up to a switch interval, 5 ms, per wait), every release of the GIL by
+the thread holding it (NumPy lets go in each copy) wakes the probe, which finds
+the GIL taken again and sleeps: a futex wake-up per release, paid by the
+holder.  On a virtual machine whose wake-ups cost microseconds, a single
+thread running tiny NumPy samples (workload (f)'s ``__getitem__`` in a loop,
+GIL held throughout) ran 3.2% slower beside a probe at 100 ms and 10% slower
+at 20 ms (``bench/probe_cost.py``, alternating 0.4 s chunks).  So a probe
+may be given a ``budget``: the largest share of the time it may spend
+awake waiting for the GIL.  After each wake-up it sleeps at least the time it
+waited divided by the budget (three 5 ms waits and a 1% budget: 1.5 s); where
+the GIL is free its waits are near zero and the period is unchanged.  The
+loader gives the quiet probe (only ``stats()`` reads it) ``QUIET_BUDGET``.
+
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
 running at interpreter exit are closed before the interpreter joins
@@ -44,7 +59,7 @@ import time
 
 from .exithooks import OpenSet
 
-__all__ = ["GilProbe", "HELD_S", "PERIOD_S", "QUIET_PERIOD_S", "REPEATS"]
+__all__ = ["GilProbe", "HELD_S", "PERIOD_S", "QUIET_BUDGET", "QUIET_PERIOD_S", "REPEATS"]
 
 #: waits per sample after a long first one; the sample is their median
 REPEATS = 3
@@ -56,6 +71,8 @@ HELD_S = 2e-4
 PERIOD_S = 0.02
 #: the period where only ``stats()`` does (a pinned thread count)
 QUIET_PERIOD_S = 0.1
+#: the share of the time the quiet probe may spend waiting for the GIL (see above)
+QUIET_BUDGET = 0.01
 #: the probe's period during its first ``FAST_FOR_S`` seconds
 FAST_PERIOD_S = 0.004
 FAST_FOR_S = 0.25
@@ -83,14 +100,19 @@ def _own_run_delay(fd: int | None) -> float:
 class GilProbe:
     """Samples the GIL's availability from a thread of its own (``asyncfeed-gilprobe``).
 
-    ``held`` (wake-ups that found the GIL held) and ``probes`` (wake-ups) are
-    running totals (read them from any thread; a window is the difference of two
-    readings); ``pressure(held, probes)`` turns them into 0..1.
+    ``held`` (wake-ups that found the GIL held), ``probes`` (wake-ups) and
+    ``awake_s`` (seconds spent awake waiting for the GIL) are running totals
+    (read them from any thread; a window is the difference of two readings);
+    ``pressure(held, probes)`` turns them into 0..1.
     """
 
     def __init__(self, period: float = PERIOD_S, fast_period: float = FAST_PERIOD_S,
-                 fast_for: float = 0.0) -> None:
+                 fast_for: float = 0.0, budget: float | None = None) -> None:
         self.period = period
+        # the largest share of the time spent awake waiting for the GIL (None: no
+        # bound): after a wake-up that waited w seconds, the next sleep is at least
+        # w / budget (read at every wake-up: the loader may set it before start)
+        self.budget = budget
         # the first ``fast_for`` seconds wake every ``fast_period``: the adaptive
         # thread count needs a few wake-ups early in a short epoch (the loader sets
         # it, to ``FAST_FOR_S``, on a pass whose decision is still to come)
@@ -98,6 +120,7 @@ class GilProbe:
         self.fast_for = fast_for
         self.held = 0
         self.probes = 0
+        self.awake_s = 0.0  # seconds spent awake waiting for the GIL, in all
         self._stop = False
         self._wake = threading.Event()  # set by close(): ends the sleep at once
         self._lock = threading.Lock()
@@ -120,36 +143,44 @@ class GilProbe:
             fd = None
         try:
             fast_until = time.perf_counter() + self.fast_for
+            awake = 0.0  # the last wake-up's time spent waiting for the GIL
             while not self._stop:
                 period = self.fast_period if time.perf_counter() < fast_until else self.period
-                first = self._wait(fd, period)
-                if first is None:
+                budget = self.budget
+                if budget is not None and budget > 0:
+                    period = max(period, awake / budget)
+                got = self._wait(fd, period)
+                if got is None:
                     break  # closed while it slept
+                first, awake = got
                 waits = [first]
                 if first > HELD_S:  # else: free, no need to ask again
                     for _ in range(REPEATS - 1):
-                        w = self._wait(fd, GAP_S)
-                        if w is None:
+                        got = self._wait(fd, GAP_S)
+                        if got is None:
                             return
-                        waits.append(w)
+                        waits.append(got[0])
+                        awake += got[1]
                 if sorted(waits)[len(waits) // 2] > HELD_S:
                     self.held += 1
                 self.probes += 1
+                self.awake_s += awake
         finally:
             if fd is not None:
                 os.close(fd)
 
-    def _wait(self, fd: int | None, seconds: float) -> float | None:
-        """Sleep ``seconds`` (the GIL released); the time then spent waiting for the
-        GIL, less waiting for a core and the CPU used.  None: ``close()`` woke it
-        (a pass's end does not wait out the probe's sleep: that was up to 20 ms
-        of every pass, 2-3% of a one-second epoch)."""
+    def _wait(self, fd: int | None, seconds: float) -> tuple[float, float] | None:
+        """Sleep ``seconds`` (the GIL released); then (the time spent waiting for the
+        GIL less waiting for a core and the CPU used, the whole time awake before
+        the GIL was taken).  None: ``close()`` woke it (a pass's end does not wait
+        out the probe's sleep: that was up to 20 ms of every pass, 2-3% of a
+        one-second epoch)."""
         t0, c0, d0 = time.perf_counter(), time.thread_time(), _own_run_delay(fd)
         if self._wake.wait(seconds):
             return None
-        late = time.perf_counter() - t0 - seconds
+        late = max(0.0, time.perf_counter() - t0 - seconds)
         lost = time.thread_time() - c0 + _own_run_delay(fd) - d0
-        return max(0.0, late - lost)
+        return max(0.0, late - lost), late
 
     @staticmethod
     def pressure(held: int, probes: int) -> float | None:

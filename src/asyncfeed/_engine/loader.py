@@ -21,7 +21,7 @@ from .iterable import IterablePipeline
 from .handoff import PassConfig
 from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
-from .gilprobe import FAST_FOR_S, QUIET_PERIOD_S
+from .gilprobe import FAST_FOR_S, QUIET_BUDGET, QUIET_PERIOD_S
 from .runtime import Runtime
 from .._memory.slots import SlotRing
 from .accounting import Accounting
@@ -398,8 +398,9 @@ class AsyncLoader(Generic[T_co]):
         pipeline.inline = self._tuner.inline is not None  # see Tuner.run_inline
         if self._tuner.undecided:  # the first windows decide: wake the GIL probe often
             pipeline.acct.probe.fast_for = FAST_FOR_S
-        elif not self._tuner.adaptive:  # only stats() reads it: its forced GIL switches
-            pipeline.acct.probe.period = QUIET_PERIOD_S  # cost a one-thread pass 4-5%
+        elif not self._tuner.adaptive:  # only stats() reads it: what it costs a thread
+            pipeline.acct.probe.period = QUIET_PERIOD_S  # holding the GIL is bounded
+            pipeline.acct.probe.budget = QUIET_BUDGET    # (see gilprobe)
         if self.execution != "threads" and not self._use_fetch:
             ex, tuner = self._exec, self._tuner
             base_seed = getattr(self._plan, "base_seed", None)
