@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
+import time
 
 import pytest
 import torch
@@ -193,3 +194,26 @@ def test_an_injected_copy_stream_carries_every_batch(pin_memory):
 def test_copy_stream_must_be_a_device_transfer():
     with pytest.raises(TypeError, match="DeviceTransfer"):
         AsyncLoader(Squares(), copy_stream=object())
+
+
+def test_an_inline_consumer_finds_a_task_queued_without_a_notify():
+    """An inline consumer (it runs the queued tasks while it waits) finds a task
+    that reached the queue with no notify -- a decode thread puts back the task it
+    took while its gate was being installed -- within a few milliseconds, not
+    after the one-second wait that serves a consumer whose batches threads make."""
+    from asyncfeed._engine.autotune import Gate
+    from asyncfeed._engine.pipeline import Batch
+    rt = Runtime(1, with_loop=False)
+    try:
+        rt.pool.admit(Gate(0))  # its thread runs nothing: the consumer does
+        p = BatchHandoff(PassConfig(batch_size=1, collate=list), runtime=rt, copy=None)
+        p.inline = True
+        b = Batch(0, [0], "collate")
+        p.submitted = 1
+        threading.Timer(0.2, rt.pool._q.put, args=((p._mark_ready, (b,)),)).start()
+        t0 = time.monotonic()
+        assert p.wait(0, 5) is b
+        assert time.monotonic() - t0 < 0.6
+        p.stop()
+    finally:
+        rt.close()

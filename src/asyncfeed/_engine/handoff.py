@@ -48,6 +48,11 @@ _ENDED = frozenset({PassState.FINISHED, PassState.CLOSED})
 
 T = TypeVar("T")
 
+#: the longest an inline consumer (see ``BatchHandoff.wait``) sleeps before it looks for
+#: a queued task again: a decode thread that took a task as its gate was installed
+#: puts it back without a notify (``TaskPool._work``)
+INLINE_LOOK_S = 0.005
+
 #: the longest a thread that readied the batch the consumer waits for waits for the
 #: consumer to take it (see ``BatchHandoff._mark_ready``)
 HAND_S = 0.002
@@ -196,8 +201,9 @@ class BatchHandoff:
                 if self.inline and self._unlocked(self.runtime.pool.run_one):
                     continue
                 self._awaited = -1 if k is None else k
+                step = INLINE_LOOK_S if self.inline else 1.0
                 try:
-                    self.cond.wait(remaining if remaining is not None else 1.0)
+                    self.cond.wait(step if remaining is None else min(remaining, step))
                 finally:
                     self._awaited = None
 
