@@ -112,7 +112,10 @@ GIL_SIGNS_NOW = 0.35       # could fill busy, and the GIL wait share plus the pr
 PAIR_GIL_WAIT = 0.15       # two threads side by side (Tuner.paired) that spend this share of
 PAIR_CORES = 1.6           # their task time waiting for the GIL, keeping at most this many
                            # cores busy: the GIL holds the per-sample function
-PAIR_GIL_FREE = 0.08       # ... under this share: the GIL does not (no one-window GIL rule)
+PAIR_GIL_FREE = 0.08       # ... under this share, keeping at least PAIR_FREE_CORES busy:
+PAIR_FREE_CORES = 1.3      # the GIL does not (no one-window GIL rule); with about one core
+                           # busy and the off-core time all queued the pair cannot tell
+                           # (a busy machine: GIL hand-offs read as run-queue delay)
 PAIR_OVERLAP = 1.3         # task time (summed) per second of the pair's span below which
                            # the two threads barely ran side by side: it says nothing
 TINY_MIN_ROW_S = 1e-5      # tiny rows cheaper than this stay on the thread (see above)
@@ -345,7 +348,7 @@ class Tuner:
         with self._lock:
             if self.processes_why is not None:
                 return False
-            if gil < PAIR_GIL_FREE:
+            if gil < PAIR_GIL_FREE and used >= PAIR_FREE_CORES:
                 self.pair_free = True
             if gil < PAIR_GIL_WAIT or used > PAIR_CORES:
                 return False

@@ -387,6 +387,15 @@ class Pipeline(BatchHandoff):
             else 1.0
         tuner, gate = self.tuner, self.gate
         assert tuner is not None and gate is not None  # sizing starts only with both
+        try:
+            self._after_sizing(tuner, gate, row_cpu, on_core)
+        except BaseException:
+            gate.set_limit(tuner.limit)  # the gate is at 1: every thread runs again
+            raise
+
+    def _after_sizing(self, tuner: Tuner, gate: Gate, row_cpu: float,
+                      on_core: float) -> None:
+        """(decode thread, see :meth:`sized`) What the rows measured alone decide."""
         if row_cpu < INLINE_ROW_CPU_S and on_core >= TINY_ON_CORE:
             tuner.run_inline(f"a row costs {row_cpu * 1e6:.1f} us of CPU, measured alone")
             with self.cond:
@@ -455,6 +464,17 @@ class Pipeline(BatchHandoff):
             consumer_waits = self._awaited is not None
         tuner, gate = self.tuner, self.gate
         assert tuner is not None and gate is not None  # pairing starts only with both
+        try:
+            self._judge_pair(tuner, gate, pr, consumer_waits)
+        except BaseException:
+            gate.set_limit(tuner.limit)  # the gate is at 0: never leave the threads parked
+            raise
+
+    def _judge_pair(self, tuner: Tuner, gate: Gate, pr: _Pairing,
+                    consumer_waits: bool) -> None:
+        """(decode thread, see :meth:`paired`) The closed pair ``pr`` measured again,
+        or judged: the gate (at 0 now) back at the tuner's limit, or held at 0
+        for the consumer to start the process stage."""
         span = time.perf_counter() - pr.t0
         end = tuner.run_delay_now()
         delay = None if end is None or pr.delay0 is None else end - pr.delay0
@@ -471,18 +491,14 @@ class Pipeline(BatchHandoff):
                     self.pairing = _Pairing(pr.row_cpu, pr.on_core, end, pr.round + 1)
                     gate.set_limit(PAIR_THREADS)
                     return
-        try:
-            tuner.sized(pr.row_cpu, pr.on_core)
-            if tuner.paired(pr.rows, span, pr.wall, pr.cpu, delay) and consumer_waits:
-                with self.cond:
-                    self._gate_held = True
-                if self.want_stage():
-                    return
-                self._release_gate()
+        tuner.sized(pr.row_cpu, pr.on_core)
+        if tuner.paired(pr.rows, span, pr.wall, pr.cpu, delay) and consumer_waits:
+            with self.cond:
+                self._gate_held = True
+            if self.want_stage():
                 return
-        except BaseException:
-            gate.set_limit(tuner.limit)  # never leave the threads parked
-            raise
+            self._release_gate()
+            return
         gate.set_limit(tuner.limit)
 
     def _submit_task(self, fn: Callable[..., None], *args: Any) -> None:

@@ -1,0 +1,413 @@
+"""The pair measure: two decode threads side by side after the sizing tasks.
+
+On an adaptive loader's first pass, CPU-bound rows dear enough for a worker
+process (``Tuner.may_pair``) run on two threads side by side for ``PAIR_S``
+once the two sizing tasks ran alone; ``Tuner.paired`` judges the pair's summed
+wall, CPU and run-queue delay: the GIL holds the per-sample function (worker
+processes), or it is free (``pair_free``: the one-window GIL rules stop), or
+the pair cannot tell.  A pair queued for a core is measured again, up to
+``PAIR_ROUNDS`` rounds; a GIL verdict holds the decode threads at the gate
+until the consumer has started the process stage; no failure of that
+bookkeeping leaves them parked.  DataLoader is the oracle for every pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import resource
+import threading
+import time
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from asyncfeed import AsyncLoader, LoaderTimeout
+from asyncfeed._engine.autotune import (ALONE_ON_CORE, MIN_TASKS, PAIR_CORES, PAIR_GIL_FREE,
+                                        PAIR_GIL_WAIT, PAIR_OVERLAP, PROCESS_MIN_ROW_S,
+                                        WINDOW_S, Tuner, read_machine_idle)
+from asyncfeed._engine.pipeline import PAIR_ROUNDS, PAIR_S, Pipeline
+from support.oracle import assert_same_batches
+
+S = 0.01  # a pair's span in the unit tests (seconds)
+
+
+def _tuner(size: int = 4, cores: int = 2, adaptive: bool = True) -> Tuner:
+    t = Tuner(size=size, cores=cores, adaptive=adaptive, machine_idle=lambda: (0.0, 0.0))
+    t.gate_for_pass(run_delay=lambda: 0.0)
+    return t
+
+
+def _reading(gil: float, used: float, overlap: float = 2.0) -> tuple[float, float, float]:
+    """(wall, cpu, delay) of a pair over ``S`` seconds whose tasks took ``overlap`` x
+    ``S`` in all (more if ``used`` cores busy need it), kept ``used`` cores busy and
+    waited ``gil`` of their time for the GIL (the rest of the off-core time queued)."""
+    cpu = used * S
+    wall = max(overlap * S, cpu / (1 - gil))
+    return wall, cpu, max(0.0, wall - cpu - gil * wall)
+
+
+# ---------------------------------------------------------------- the verdict
+@pytest.mark.parametrize("wall,cpu,delay,gil_bound,free", [
+    pytest.param(*_reading(PAIR_GIL_WAIT + 0.05, PAIR_CORES - 0.2), True, False, id="gil"),
+    pytest.param(*_reading(0.5, 0.9), True, False, id="gil-one-core-busy"),
+    pytest.param(*_reading(0.5, 0.9)[:2], 2 * S - 0.9 * S, False, False,
+                 id="same-figures-all-run-queue"),      # the off-core time was queueing:
+                                                        # about one core busy, cannot tell
+    pytest.param(*_reading(PAIR_GIL_FREE / 2, 1.9), False, True, id="free"),
+    pytest.param(*_reading((PAIR_GIL_FREE + PAIR_GIL_WAIT) / 2, 1.0), False, False,
+                 id="in-between"),
+    pytest.param(*_reading(PAIR_GIL_WAIT + 0.01, PAIR_CORES + 0.05), False, False,
+                 id="many-cores-busy"),
+    pytest.param(*_reading(0.5, 0.4, overlap=PAIR_OVERLAP * 0.99), False, False,
+                 id="not-overlapped"),
+    # literal figures either side of each threshold (span 0.01 s)
+    pytest.param(0.02, 0.01, 0.0068, True, False, id="wait-16pct"),
+    pytest.param(0.02, 0.01, 0.0072, False, False, id="wait-14pct"),
+    pytest.param(0.02, 0.0155, 0.0, True, False, id="cores-1.55"),
+    pytest.param(0.02, 0.0165, 0.0, False, False, id="cores-1.65"),
+    pytest.param(0.02, 0.0185, 0.0, False, True, id="wait-7.5pct-free"),
+    pytest.param(0.02, 0.0183, 0.0, False, False, id="wait-8.5pct-not-free"),
+    pytest.param(0.02, 0.0135, 0.0055, False, True, id="free-1.35-cores"),
+    pytest.param(0.02, 0.0125, 0.0065, False, False, id="free-share-1.25-cores-cannot-tell"),
+    pytest.param(0.0131, 0.005, 0.0, True, False, id="overlap-1.31"),
+    pytest.param(0.0129, 0.005, 0.0, False, False, id="overlap-1.29"),
+])
+def test_paired_judges_the_gil_from_two_threads(wall, cpu, delay, gil_bound, free):
+    """``free``: whether the pair marks the rows GIL-free (only where it kept more
+    than about one core busy: with one core busy and the off-core time queued, GIL
+    hand-offs read as run-queue delay on a busy machine)."""
+    t = _tuner()
+    t.sized(4e-3, 0.98)
+    assert t._may_decide_now()
+    assert t.paired(8, S, wall, cpu, delay) is gil_bound
+    assert (t.processes_why is not None) is gil_bound, t.processes_why
+    assert t.pair_free is free
+    # a verdict either way ends the one-window GIL rules (the rows were measured alone)
+    assert t.alone is not None and t._may_decide_now() is (not gil_bound and not free)
+    if gil_bound:
+        share = max(0.0, wall - cpu - delay) / wall
+        assert t.processes_why.startswith("gil: two threads side by side")
+        assert f"kept {cpu / S:.2f} cores busy" in t.processes_why
+        assert f"{share:.0%} of their time waiting for the GIL" in t.processes_why
+
+
+@pytest.mark.parametrize("wall,cpu", [_reading(0.5, 0.9)[:2], _reading(0.0, 1.9)[:2]])
+def test_paired_says_nothing_without_the_run_queue_delay(wall, cpu):
+    t = _tuner()
+    assert t.paired(8, S, wall, cpu, None) is False
+    assert t.processes_why is None and t.pair_free is False
+
+
+def test_paired_keeps_an_earlier_verdict():
+    t = _tuner()
+    t.processes_why = "tiny rows: set by the test"
+    assert t.paired(8, S, *_reading(0.5, 0.9)) is False
+    assert t.processes_why == "tiny rows: set by the test"
+
+
+@pytest.mark.parametrize("pair", [None, "free"])
+def test_a_gil_free_pair_stops_the_one_window_gil_rule(pair):
+    """One window with the GIL's figures (three tasks, 0.3 of their time on a core,
+    none queued) decides processes -- unless a pair found the GIL free."""
+    t = _tuner()
+    base, w = time.perf_counter() + 100.0, WINDOW_S * 1.005
+    t.sized(4e-3, 0.98, now=base)
+    if pair == "free":
+        assert t.paired(8, S, *_reading(0.02, 1.9)) is False and t.pair_free
+    for _ in range(MIN_TASKS):
+        t.record(2, w, 0.3 * w, now=base + 1.01 * w)
+    assert (t.processes_why is not None) is (pair is None), t.processes_why
+
+
+# ------------------------------------------------------------- may a pair run
+@pytest.mark.parametrize("case,expect", [
+    ("at-both-bounds", True), ("dear-rows", True), ("pinned", False), ("one-thread", False),
+    ("one-core", False), ("decided", False), ("inline", False),
+    ("waits", False), ("on-core-0.69", False), ("on-core-0.71", True),
+    ("cheap", False), ("row-190us", False), ("row-210us", True),
+])
+def test_may_pair(case, expect):
+    row_cpu, on_core = PROCESS_MIN_ROW_S, ALONE_ON_CORE
+    t = _tuner(size=1 if case == "one-thread" else 4, cores=1 if case == "one-core" else 2,
+               adaptive=case != "pinned")
+    if case == "dear-rows":
+        row_cpu, on_core = 5e-3, 1.0
+    elif case == "decided":
+        t.processes_why = "gil: set by the test"
+    elif case == "inline":
+        t.run_inline("set by the test")
+    elif case == "waits":
+        on_core = math.nextafter(ALONE_ON_CORE, 0.0)
+    elif case == "cheap":
+        row_cpu = math.nextafter(PROCESS_MIN_ROW_S, 0.0)
+    elif case.startswith("on-core-"):
+        on_core = float(case.rsplit("-", 1)[1])
+    elif case.startswith("row-"):
+        row_cpu = float(case[4:-2]) * 1e-6
+    assert t.may_pair(row_cpu, on_core) is expect
+
+
+@pytest.mark.parametrize("span,wall,expect", [
+    (0.0, 1.0, False), (-S, 1.0, False), (S, 0.0, False),
+    (S, PAIR_OVERLAP * S, True), (S, math.nextafter(PAIR_OVERLAP * S, 0.0), False),
+    (S, 0.0131, True), (S, 0.0129, False),
+])
+def test_pair_overlapped(span, wall, expect):
+    assert Tuner.pair_overlapped(span, wall) is expect
+
+
+# ----------------------------------------------------------------- real passes
+class GilRows:
+    """Rows of ~1 ms of pure Python (the GIL held throughout): fixed-shape arrays."""
+
+    def __init__(self, n: int = 480) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        x = i
+        for _ in range(12_000):
+            x = (x * 31 + 7) % 1_000_003
+        return np.full((4, 4), x, np.int64), i % 5
+
+
+class FreeRows:
+    """Rows that release the GIL: hashing 1 MB (CPU-bound) or a 2 ms sleep."""
+
+    def __init__(self, kind: str, n: int = 480) -> None:
+        self.kind, self.n = kind, n
+        self.blob = bytes(range(256)) * 4096
+        self.small = np.arange(64, dtype=np.float32).reshape(8, 8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.kind == "sha":
+            h = np.frombuffer(hashlib.sha256(self.blob).digest(), np.uint8)
+            return h + np.uint8(i % 7), i
+        time.sleep(0.002)
+        return self.small * i, i
+
+
+def _run(ds, batch_size: int = 16, timeout: float = 20) -> tuple[list, str, Tuner]:
+    """One pass of a fresh default loader (``execution="auto"``, fork): its batches,
+    ``stats().execution`` and tuner.  ``timeout``: a pass whose threads stay parked
+    fails with LoaderTimeout instead of hanging."""
+    with AsyncLoader(ds, batch_size=batch_size, multiprocessing_context="fork",
+                     timeout=timeout) as al:
+        got = list(al)
+        return got, al.stats().execution, al._tuner
+
+
+def _own_cpu() -> float:
+    """CPU seconds of this process and its reaped children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _force_pair(monkeypatch) -> None:
+    """Run the pair whatever the machine's load did to the rows measured alone."""
+    monkeypatch.setattr(Tuner, "may_pair", lambda self, row_cpu, on_core: True)
+
+
+def _schedstat() -> bool:
+    return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+
+
+@pytest.mark.timeout(60)
+def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
+    if (os.cpu_count() or 1) < 2 or not _schedstat():
+        pytest.skip("one core, or no run-queue delay: no pair measure")
+    asked: list[bool] = []
+    real = Tuner.may_pair
+
+    def may_pair(self, row_cpu: float, on_core: float) -> bool:
+        asked.append(real(self, row_cpu, on_core))
+        return asked[-1]
+
+    monkeypatch.setattr(Tuner, "may_pair", may_pair)
+    ds = GilRows()
+    machine0, mine0, t0 = read_machine_idle(), _own_cpu(), time.monotonic()
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        got, why, _ = _run(ds)
+    machine1, mine1, elapsed = read_machine_idle(), _own_cpu(), time.monotonic() - t0
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    assert asked, "the pipeline never asked for a pair"
+    if asked[0]:  # the rows measured alone were on a core: the pair ran and was judged
+        assert "two threads side by side: " in caplog.text
+    # other processes busy on the cores (their CPU: the machine's busy time less
+    # ours) rightly keep it on threads; else the pair's GIL verdict decides
+    others = None
+    if machine0 is not None and machine1 is not None:
+        idle, total = machine1[0] - machine0[0], machine1[1] - machine0[1]
+        others = (1 - idle / total) * (os.cpu_count() or 1) - (mine1 - mine0) / elapsed
+    if others is None or others <= 0.3:
+        assert why.startswith("processes:"), (why, others)
+        assert "gil: two threads side by side" in caplog.text, (why, others)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sha", "sleep"])
+def test_gil_free_rows_stay_on_threads(kind, caplog):
+    ds = FreeRows(kind)
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        got, why, _ = _run(ds)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    assert why.startswith("threads:"), why
+    assert "gil: two threads side by side" not in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_pair_verdict_leaves_no_thread_parked(monkeypatch, caplog):
+    calls: list[tuple[int, float, float]] = []
+
+    def fails(self, rows, span, wall, cpu, delay):
+        calls.append((rows, span, wall))
+        raise RuntimeError("the pair verdict failed (test)")
+
+    _force_pair(monkeypatch)
+    monkeypatch.setattr(Tuner, "paired", fails)
+    ds = GilRows(320)
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        got, why, _ = _run(ds)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    assert len(calls) == 1, calls
+    rows, span, wall = calls[0]
+    assert rows > 0 and wall > 0 and span >= PAIR_S  # it closes PAIR_S after it began
+    assert "the adaptive thread count failed" in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_report_inside_the_pair_leaves_no_thread_parked(monkeypatch, caplog):
+    """The pair's first task fails to report (``Tuner.record`` raises): it is never
+    counted out of the pair, which cannot end -- ``drop_pairing`` lets the threads go."""
+    calls = [0]
+    real = Tuner.record
+
+    def record(self, *args, **kw):
+        calls[0] += 1  # 1, 2: the sizing tasks; 3: the first task of the pair
+        if calls[0] == 3:
+            raise RuntimeError("the tuner failed (test)")
+        return real(self, *args, **kw)
+
+    _force_pair(monkeypatch)
+    monkeypatch.setattr(Tuner, "record", record)
+    ds = GilRows(320)
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        got, _, _ = _run(ds)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    assert calls[0] > 3 and "the adaptive thread count failed" in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_a_gil_verdict_holds_the_threads_until_the_stage_started(monkeypatch):
+    """The consumer waits for the first batch (64 rows of 1 ms) while the pair runs:
+    a GIL verdict leaves the gate at 0 until the consumer has started the stage,
+    which then lets the threads go (they hand their queued tasks to it)."""
+    def gil(self, rows, span, wall, cpu, delay):
+        self.processes_why = "gil: two threads side by side (set by the test)"
+        return True
+
+    seen: list[tuple[int, bool]] = []
+    real = Pipeline._start_stage
+
+    def start_stage(self):
+        seen.append((self.gate.limit, self._gate_held))
+        real(self)
+        seen.append((self.gate.limit - self.tuner.limit, self._gate_held))
+
+    _force_pair(monkeypatch)
+    monkeypatch.setattr(Tuner, "paired", gil)
+    monkeypatch.setattr(Pipeline, "_start_stage", start_stage)
+    ds = GilRows(320)
+    got, why, tuner = _run(ds, batch_size=64)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=64)))
+    assert why.startswith("processes:") and "(set by the test)" in why, why
+    assert seen == [(0, True), (0, False)], seen  # held at 0, then released to the limit
+    assert tuner.limit > 0
+
+
+@pytest.mark.timeout(60)
+def test_a_pair_queued_for_a_core_is_measured_again_up_to_pair_rounds(monkeypatch, caplog):
+    readings = iter(range(1000))  # each reading 1 s more: every pair queued the whole time
+    judged: list[tuple[float, float, float | None]] = []
+    real = Tuner.paired
+
+    def paired(self, rows, span, wall, cpu, delay):
+        judged.append((span, wall, delay))
+        return real(self, rows, span, wall, cpu, delay)
+
+    monkeypatch.setattr(Tuner, "run_delay_now", lambda self: float(next(readings)))
+    monkeypatch.setattr(Tuner, "paired", paired)
+    _force_pair(monkeypatch)
+    ds = GilRows(320)
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        got, _, tuner = _run(ds)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    again = [r.getMessage() for r in caplog.records
+             if r.name == "asyncfeed" and r.getMessage().endswith("measuring again")]
+    assert len(again) == PAIR_ROUNDS - 1, again
+    assert all("waited 1000.0 ms for a core" in m for m in again), again
+    # the last round is judged anyway: its off-core time, all queueing, is not the GIL
+    # (a pair whose second thread barely ran says nothing: no verdict either way)
+    assert len(judged) == 1, judged
+    span, wall, delay = judged[0]
+    assert delay == 1.0 and tuner.pair_free is Tuner.pair_overlapped(span, wall), judged
+    assert "gil: two threads side by side" not in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_run_delay_reading_after_the_pair_leaves_no_thread_parked(monkeypatch):
+    """The pair's end runs with the gate at 0: whatever fails there (here the
+    run-queue reading as the pair ends) puts it back at the tuner's limit."""
+    calls = [0]
+    real = Tuner.run_delay_now
+
+    def reading(self):
+        calls[0] += 1  # 1: as the pair starts (Pipeline.sized); 2: as it ends
+        if calls[0] == 2:
+            raise RuntimeError("the run-queue delay could not be read (test)")
+        return real(self)
+
+    _force_pair(monkeypatch)
+    monkeypatch.setattr(Tuner, "run_delay_now", reading)
+    ds = GilRows(320)
+    got, _, _ = _run(ds, timeout=3)  # parked threads: LoaderTimeout after 3 s
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_sizing_verdict_lets_every_thread_run_again(monkeypatch):
+    """The sizing tasks run with the gate at 1: a failure deciding from them (here
+    in ``may_pair``) puts it back at the tuner's limit, not one thread for the
+    rest of the pass."""
+    def broken(self, row_cpu, on_core):
+        raise RuntimeError("may_pair broke (test)")
+
+    from asyncfeed._engine.pipeline import Pipeline
+    seen: list[tuple[int, int]] = []
+    real = Pipeline.sized
+
+    def spy(self, rows, wall, cpu):
+        try:
+            real(self, rows, wall, cpu)
+        except RuntimeError:
+            assert self.gate is not None and self.tuner is not None
+            seen.append((self.gate.limit, self.tuner.limit))
+            raise
+
+    monkeypatch.setattr(Tuner, "may_pair", broken)
+    monkeypatch.setattr(Pipeline, "sized", spy)
+    ds = GilRows(320)
+    with AsyncLoader(ds, batch_size=16, timeout=20) as al:
+        got = list(al)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    assert seen and seen[0][0] == seen[0][1] > 1, seen
