@@ -217,3 +217,71 @@ def test_an_inline_consumer_finds_a_task_queued_without_a_notify():
         p.stop()
     finally:
         rt.close()
+
+
+def test_the_thread_that_readied_a_batch_waits_for_the_consumers_hand_over(monkeypatch):
+    """The thread that readied the batch the consumer waits for goes on only once the
+    consumer is done with its hand-over (``handed()``), not as soon as it took the
+    batch: the consumer plans and assembles with nobody contending for the GIL."""
+    from asyncfeed._engine import handoff
+    from asyncfeed._engine.pipeline import Batch
+    monkeypatch.setattr(handoff, "HAND_S", 5.0)
+    rt = Runtime(1, with_loop=False)
+    try:
+        p = BatchHandoff(PassConfig(batch_size=1, collate=list), runtime=rt, copy=None)
+        b = Batch(0, [0], "collate")
+        p.submitted = 1
+        went_on = threading.Event()
+
+        def ready() -> None:
+            p._mark_ready(b)
+            went_on.set()
+
+        threading.Timer(0.1, ready).start()  # the consumer waits by then
+        assert p.wait(0, 5) is b
+        assert not went_on.wait(0.3)         # taken, but not handed over yet
+        p.handed()
+        assert went_on.wait(2)
+        p.handed()                           # idempotent
+        p.stop()
+    finally:
+        rt.close()
+
+
+def test_every_next_hands_the_batch_over(monkeypatch):
+    """``__next__`` ends the hand-over: with the readying thread's wait stretched to
+    5 s, a pass of 12 batches on one thread still takes well under one such wait."""
+    from asyncfeed._engine import handoff
+    monkeypatch.setattr(handoff, "HAND_S", 5.0)
+    t0 = time.monotonic()
+    with AsyncLoader(Squares(), batch_size=2, num_threads=1) as al:
+        got = list(al)
+    assert time.monotonic() - t0 < 4.0
+    assert_same_batches(got, list(DataLoader(Squares(), batch_size=2)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_pinned_thread_gets_each_batch_as_one_task(monkeypatch, threads):
+    from asyncfeed._engine import pipeline, rowtasks
+    runs: list[tuple[int, int, int]] = []
+    real = rowtasks.run_rows
+
+    def spy(p, b, lo, hi):
+        runs.append((b.n, lo, hi))
+        real(p, b, lo, hi)
+
+    class Slowish(Squares):  # 1 ms rows: tasks of ~2 ms would hold two of them
+        def __getitem__(self, i):
+            time.sleep(0.001)
+            return super().__getitem__(i)
+
+    monkeypatch.setattr(pipeline.rowtasks, "run_rows", spy)
+    with AsyncLoader(Slowish(), batch_size=10, num_threads=threads) as al:
+        got = list(al)
+    assert_same_batches(got, list(DataLoader(Squares(), batch_size=10)))
+    ring = [r for r in runs if r[0] == 10]
+    assert ring
+    if threads == 1:
+        assert all((lo, hi) == (0, 10) for _, lo, hi in ring), ring
+    else:
+        assert any((lo, hi) != (0, 10) for _, lo, hi in ring), ring

@@ -54,7 +54,7 @@ T = TypeVar("T")
 INLINE_LOOK_S = 0.005
 
 #: the longest a thread that readied the batch the consumer waits for waits for the
-#: consumer to take it (see ``BatchHandoff._mark_ready``)
+#: consumer to take it and be done with its hand-over (see ``BatchHandoff._mark_ready``)
 HAND_S = 0.002
 
 
@@ -114,6 +114,7 @@ class BatchHandoff:
         self._call: Callable[[], None] | None = None  # see call_waiting
         self.inline = False  # the consumer runs queued tasks while it waits (run_inline)
         self._handing: Any = None  # the lock a readying thread waits on until it is taken
+        self._taken_hand: Any = None  # ... and, once taken, until the consumer's handed()
         self.submitted = 0          # batches submitted so far (= next k)
         self.taken = 0              # batches handed to the consumer
         self.state = PassState.RUNNING
@@ -225,11 +226,20 @@ class BatchHandoff:
             self.cond.notify_all()
 
     def _queued(self, b: Batch) -> Batch:
-        if self._handing is not None:  # (cond held) a thread that readied it waits
-            self._handing.release()
-            self._handing = None
+        if self._handing is not None:  # (cond held) a thread that readied it waits:
+            self.handed()              # until the consumer is done with this batch
+            self._taken_hand, self._handing = self._handing, None
         self.acct.add_wall(QUEUE, time.perf_counter() - b.t_ready)
         return b
+
+    def handed(self) -> None:
+        """(consumer thread) Done with the hand-over of the batch taken last (its
+        credit returned, the next batches planned, the output made): the thread
+        that readied it, waiting for this (at most ``HAND_S``), goes on.
+        Idempotent."""
+        hand, self._taken_hand = self._taken_hand, None
+        if hand is not None:
+            hand.release()
 
     def _timeout_message(self, k: int | None, timeout: float | None) -> str:
         """DataLoader's "timed out after N seconds", naming the samples still pending."""
@@ -263,9 +273,13 @@ class BatchHandoff:
     def _mark_ready(self, b: Batch) -> None:
         """``b`` is ready (any thread).  When the consumer is blocked waiting for
         it, this thread then waits (at most ``HAND_S``) until the consumer has
-        taken it: the consumer gets the GIL at once, instead of waiting for it
-        while this thread goes on with Python and wakes it at every release of
-        the GIL (NumPy lets go of it for every copy), up to a switch interval."""
+        taken it and is done with its hand-over (:meth:`handed`: the credit
+        returned, the next batches planned, the output made): the consumer gets
+        the GIL at once and runs that Python alone, instead of waiting for the
+        GIL while this thread goes on with Python and wakes it at every release
+        of the GIL (NumPy lets go of it for every copy), up to a switch
+        interval -- and, with the roles swapped, this thread waking at every
+        release the consumer's torch calls make while it plans and assembles."""
         b.t_ready = time.perf_counter()
         with self.cond:
             self._tracked.pop(b.k, None)

@@ -140,6 +140,7 @@ class _Iterator:
             finally:
                 waited = time.perf_counter() - t0
                 self._loader._stats.wait_s += waited
+                self._p.handed()  # the thread that readied the batch goes on
             self._p.acct.took(waited, self._last_n)
             if self._view is not None:
                 self._view.tick()

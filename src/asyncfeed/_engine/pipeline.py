@@ -301,8 +301,13 @@ class Pipeline(BatchHandoff):
             # runs of rows per pool task, sized by the measured cost of a row: tiny
             # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
             t = self.tuner
-            step = rows_per_task(b.n, running, t.row_cost_s if t is not None else None,
-                                 t.row_cpu_s if t is not None else None)
+            if self.gate is None and running == 1 and not start:
+                # one pinned thread: splitting the batch only adds tasks (a queue
+                # hand-off, a report, the bookkeeping and a deferred write each)
+                step = b.n
+            else:
+                step = rows_per_task(b.n, running, t.row_cost_s if t is not None else None,
+                                     t.row_cpu_s if t is not None else None)
             bounds = [(lo, lo + 1) for lo in range(start)] + \
                 [(lo, min(lo + step, b.n)) for lo in range(start, b.n, step)]
             for lo, hi in bounds:
