@@ -234,7 +234,15 @@ def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
         asked.append(real(self, row_cpu, on_core))
         return asked[-1]
 
+    judged: list[tuple[float, float, float | None]] = []
+    real_paired = Tuner.paired
+
+    def paired(self, rows, span, wall, cpu, delay):
+        judged.append((span, wall, delay))
+        return real_paired(self, rows, span, wall, cpu, delay)
+
     monkeypatch.setattr(Tuner, "may_pair", may_pair)
+    monkeypatch.setattr(Tuner, "paired", paired)
     ds = GilRows()
     machine0, mine0, t0 = read_machine_idle(), _own_cpu(), time.monotonic()
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
@@ -252,7 +260,10 @@ def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
         others = (1 - idle / total) * (os.cpu_count() or 1) - (mine1 - mine0) / elapsed
     if others is None or others <= 0.3:
         assert why.startswith("processes:"), (why, others)
-        assert "gil: two threads side by side" in caplog.text, (why, others)
+        # the pair decides where its threads ran side by side; where the second one
+        # started too late in every round it says nothing, and a later rule decides
+        if judged and judged[-1][2] is not None and Tuner.pair_overlapped(*judged[-1][:2]):
+            assert "gil: two threads side by side" in caplog.text, (why, others, judged)
 
 
 @pytest.mark.timeout(60)
