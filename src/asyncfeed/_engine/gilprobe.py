@@ -23,8 +23,9 @@ Cost: one wake-up per ``period`` (about 3 ms of CPU a second in all at 20 ms),
 and while Python holds the GIL, up to ``REPEATS`` forced GIL switches per
 wake-up: measured on one thread running small pure-Python samples (bench
 workload (f) with ``num_threads=1``), 4-5% of the rate at a 20 ms period,
-under 1% at ``QUIET_PERIOD_S`` (on the VM of that day).  So the loader wakes it every ``PERIOD_S`` only
-where the adaptive thread count reads it, else every ``QUIET_PERIOD_S`` (its
+under 1% at ``QUIET_PERIOD_S`` (on the VM of that day).  So the loader wakes it
+every ``PERIOD_S`` only where the adaptive thread count reads it, else every
+``QUIET_PERIOD_S`` (its
 figures are then for ``stats()`` alone).  During the first ``FAST_FOR_S`` of a
 pass whose loader has not yet decided between threads and processes the probe
 wakes every ``FAST_PERIOD_S``, so that a short epoch's first windows have
@@ -38,9 +39,10 @@ the GIL taken again and sleeps: a futex wake-up per release, paid by the
 holder.  On a virtual machine whose wake-ups cost microseconds, a single
 thread running tiny NumPy samples (workload (f)'s ``__getitem__`` in a loop,
 GIL held throughout) ran 3.2% slower beside a probe at 100 ms and 10% slower
-at 20 ms (``bench/probe_cost.py``, alternating 0.4 s chunks).  So a probe
-may be given a ``budget``: the largest share of the time it may spend
-awake waiting for the GIL.  After each wake-up it sleeps at least the time it
+at 20 ms in alternating 0.4 s chunks; the probe spent 7.9% and 27% of the time
+awake waiting for the GIL (``bench/probe_cost.py``).  So a probe may be given
+a ``budget``: the largest share of the time it may spend awake waiting for
+the GIL (1.1% measured with 1%).  After each wake-up it sleeps at least the time it
 waited divided by the budget (three 5 ms waits and a 1% budget: 1.5 s); where
 the GIL is free its waits are near zero and the period is unchanged.  The
 loader gives the quiet probe (only ``stats()`` reads it) ``QUIET_BUDGET``.
