@@ -570,3 +570,30 @@ def test_a_budget_stretches_the_sleep_after_a_long_wait_for_the_gil(budget):
         assert sleeps[2] == 0.1                     # the GIL was free: period again
     assert probe.asked.count(GAP_S) == REPEATS - 1
 
+
+
+def test_a_probe_sleeps_until_not_before_and_says_when_it_wakes_next():
+    class Sleeping(_ScriptedProbe):  # its waits take the time they ask for
+        def _wait(self, fd, seconds):
+            time.sleep(seconds)
+            return super()._wait(fd, seconds)
+
+    probe = Sleeping([(0.0, 1e-5)], period=0.05, budget=0.01)
+    probe.not_before = time.perf_counter() + 0.3
+    probe._run()
+    assert 0.25 < probe.asked[0] <= 0.3        # the first sleep waits for not_before
+    assert probe.asked[1] == pytest.approx(0.05, abs=1e-9)  # then the period again
+    assert probe.next_wake > probe.not_before  # due a period after that wake-up
+
+
+def test_a_pinned_loaders_next_pass_probes_where_its_last_left_off():
+    """The quiet probe's budget holds across passes: a pass's probe wakes no sooner
+    than the last pass's would have (a fresh probe per pass woke 100 ms in)."""
+    with AsyncLoader(Rows(64), batch_size=8, num_threads=2) as loader:
+        list(loader)
+        first = loader._acct.probe
+        it = iter(loader)
+        next(it)
+        assert loader._acct.probe is not first
+        assert loader._acct.probe.not_before == first.next_wake > 0
+        del it

@@ -45,7 +45,10 @@ a ``budget``: the largest share of the time it may spend awake waiting for
 the GIL (1.1% measured with 1%).  After each wake-up it sleeps at least the time it
 waited divided by the budget (three 5 ms waits and a 1% budget: 1.5 s); where
 the GIL is free its waits are near zero and the period is unchanged.  The
-loader gives the quiet probe (only ``stats()`` reads it) ``QUIET_BUDGET``.
+loader gives the quiet probe (only ``stats()`` reads it) ``QUIET_BUDGET``, and
+starts each pass's probe no sooner than its last pass's would have woken
+(``not_before``, ``next_wake``): a one-second pass is shorter than the sleep
+the budget asks for, and a fresh probe at every pass woke 100 ms in.
 
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
@@ -115,6 +118,12 @@ class GilProbe:
         # bound): after a wake-up that waited w seconds, the next sleep is at least
         # w / budget (read at every wake-up: the loader may set it before start)
         self.budget = budget
+        # no wake-up before this perf_counter time (a loader's next pass's probe
+        # starts where its last one's budget left off: a pass is often shorter
+        # than the sleep the budget asks for) ...
+        self.not_before = 0.0
+        # ... and when this one's next wake-up is due (read by that next pass)
+        self.next_wake = 0.0
         # the first ``fast_for`` seconds wake every ``fast_period``: the adaptive
         # thread count needs a few wake-ups early in a short epoch (the loader sets
         # it, to ``FAST_FOR_S``, on a pass whose decision is still to come)
@@ -151,6 +160,9 @@ class GilProbe:
                 budget = self.budget
                 if budget is not None and budget > 0:
                     period = max(period, awake / budget)
+                now = time.perf_counter()
+                period = max(period, self.not_before - now)
+                self.next_wake = now + period
                 got = self._wait(fd, period)
                 if got is None:
                     break  # closed while it slept

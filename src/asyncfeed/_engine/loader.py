@@ -399,8 +399,11 @@ class AsyncLoader(Generic[T_co]):
         if self._tuner.undecided:  # the first windows decide: wake the GIL probe often
             pipeline.acct.probe.fast_for = FAST_FOR_S
         elif not self._tuner.adaptive:  # only stats() reads it: what it costs a thread
-            pipeline.acct.probe.period = QUIET_PERIOD_S  # holding the GIL is bounded
-            pipeline.acct.probe.budget = QUIET_BUDGET    # (see gilprobe)
+            probe = pipeline.acct.probe                  # holding the GIL is bounded,
+            probe.period = QUIET_PERIOD_S                # across passes too (see gilprobe)
+            probe.budget = QUIET_BUDGET
+            if self._acct is not None:
+                probe.not_before = self._acct.probe.next_wake
         if self.execution != "threads" and not self._use_fetch:
             ex, tuner = self._exec, self._tuner
             base_seed = getattr(self._plan, "base_seed", None)
