@@ -234,12 +234,12 @@ def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
         asked.append(real(self, row_cpu, on_core))
         return asked[-1]
 
-    judged: list[tuple[float, float, float | None]] = []
+    verdicts: list[bool] = []
     real_paired = Tuner.paired
 
     def paired(self, rows, span, wall, cpu, delay):
-        judged.append((span, wall, delay))
-        return real_paired(self, rows, span, wall, cpu, delay)
+        verdicts.append(real_paired(self, rows, span, wall, cpu, delay))
+        return verdicts[-1]
 
     monkeypatch.setattr(Tuner, "may_pair", may_pair)
     monkeypatch.setattr(Tuner, "paired", paired)
@@ -260,10 +260,11 @@ def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
         others = (1 - idle / total) * (os.cpu_count() or 1) - (mine1 - mine0) / elapsed
     if others is None or others <= 0.3:
         assert why.startswith("processes:"), (why, others)
-        # the pair decides where its threads ran side by side; where the second one
-        # started too late in every round it says nothing, and a later rule decides
-        if judged and judged[-1][2] is not None and Tuner.pair_overlapped(*judged[-1][:2]):
-            assert "gil: two threads side by side" in caplog.text, (why, others, judged)
+        # on a shared machine the pair may not tell (its second thread started late
+        # in every round, or GIL hand-offs read as run-queue delay): a later rule
+        # then decides; where it found the GIL, its reason is the stage's
+        if verdicts and verdicts[-1]:
+            assert "(gil: two threads side by side" in why, (why, others)
 
 
 @pytest.mark.timeout(60)
