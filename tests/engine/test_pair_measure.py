@@ -207,6 +207,15 @@ def _run(ds, batch_size: int = 16, timeout: float = 20) -> tuple[list, str, Tune
         return got, al.stats().execution, al._tuner
 
 
+def _gil_pass(batch_size: int = 16, timeout: float = 20) -> tuple[str, Tuner]:
+    """One :func:`_run` over 320 GIL-bound rows, its batches checked against
+    DataLoader's; its ``stats().execution`` and tuner."""
+    ds = GilRows(320)
+    got, why, tuner = _run(ds, batch_size=batch_size, timeout=timeout)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=batch_size)))
+    return why, tuner
+
+
 def _own_cpu() -> float:
     """CPU seconds of this process and its reaped children."""
     me = resource.getrusage(resource.RUSAGE_SELF)
@@ -288,10 +297,8 @@ def test_a_failing_pair_verdict_leaves_no_thread_parked(monkeypatch, caplog):
 
     _force_pair(monkeypatch)
     monkeypatch.setattr(Tuner, "paired", fails)
-    ds = GilRows(320)
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
-        got, why, _ = _run(ds)
-    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+        _gil_pass()
     assert len(calls) == 1, calls
     rows, span, wall = calls[0]
     assert rows > 0 and wall > 0 and span >= PAIR_S  # it closes PAIR_S after it began
@@ -313,10 +320,8 @@ def test_a_failing_report_inside_the_pair_leaves_no_thread_parked(monkeypatch, c
 
     _force_pair(monkeypatch)
     monkeypatch.setattr(Tuner, "record", record)
-    ds = GilRows(320)
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
-        got, _, _ = _run(ds)
-    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+        _gil_pass()
     assert calls[0] > 3 and "the adaptive thread count failed" in caplog.text
 
 
@@ -340,9 +345,7 @@ def test_a_gil_verdict_holds_the_threads_until_the_stage_started(monkeypatch):
     _force_pair(monkeypatch)
     monkeypatch.setattr(Tuner, "paired", gil)
     monkeypatch.setattr(Pipeline, "_start_stage", start_stage)
-    ds = GilRows(320)
-    got, why, tuner = _run(ds, batch_size=64)
-    assert_same_batches(got, list(DataLoader(ds, batch_size=64)))
+    why, tuner = _gil_pass(batch_size=64)
     assert why.startswith("processes:") and "(set by the test)" in why, why
     assert seen == [(0, True), (0, False)], seen  # held at 0, then released to the limit
     assert tuner.limit > 0
@@ -361,10 +364,8 @@ def test_a_pair_queued_for_a_core_is_measured_again_up_to_pair_rounds(monkeypatc
     monkeypatch.setattr(Tuner, "run_delay_now", lambda self: float(next(readings)))
     monkeypatch.setattr(Tuner, "paired", paired)
     _force_pair(monkeypatch)
-    ds = GilRows(320)
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
-        got, _, tuner = _run(ds)
-    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+        _, tuner = _gil_pass()
     again = [r.getMessage() for r in caplog.records
              if r.name == "asyncfeed" and r.getMessage().endswith("measuring again")]
     assert len(again) == PAIR_ROUNDS - 1, again
@@ -394,9 +395,7 @@ def test_a_failing_run_delay_reading_after_the_pair_leaves_no_thread_parked(monk
 
     _force_pair(monkeypatch)
     monkeypatch.setattr(Tuner, "run_delay_now", reading)
-    ds = GilRows(320)
-    got, _, _ = _run(ds, timeout=3)  # parked threads: LoaderTimeout after 3 s
-    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    _gil_pass(timeout=3)  # parked threads: LoaderTimeout after 3 s
 
 
 @pytest.mark.timeout(60)
@@ -407,7 +406,6 @@ def test_a_failing_sizing_verdict_lets_every_thread_run_again(monkeypatch):
     def broken(self, row_cpu, on_core):
         raise RuntimeError("may_pair broke (test)")
 
-    from asyncfeed._engine.pipeline import Pipeline
     seen: list[tuple[int, int]] = []
     real = Pipeline.sized
 
@@ -421,8 +419,5 @@ def test_a_failing_sizing_verdict_lets_every_thread_run_again(monkeypatch):
 
     monkeypatch.setattr(Tuner, "may_pair", broken)
     monkeypatch.setattr(Pipeline, "sized", spy)
-    ds = GilRows(320)
-    with AsyncLoader(ds, batch_size=16, timeout=20) as al:
-        got = list(al)
-    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    _gil_pass()
     assert seen and seen[0][0] == seen[0][1] > 1, seen

@@ -301,7 +301,7 @@ class Pipeline(BatchHandoff):
             # runs of rows per pool task, sized by the measured cost of a row: tiny
             # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
             t = self.tuner
-            if self.gate is None and running == 1 and not start:
+            if self.gate is None and running == 1:
                 # one pinned thread: splitting the batch only adds tasks (a queue
                 # hand-off, a report, the bookkeeping and a deferred write each)
                 step = b.n
