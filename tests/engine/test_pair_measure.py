@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader, LoaderTimeout
 from asyncfeed._engine.autotune import (ALONE_ON_CORE, MIN_TASKS, PAIR_CORES,
-                                        PAIR_FREE_CORES, PAIR_GIL_FREE, PAIR_GIL_WAIT,
+                                        PAIR_FREE_CORES, PAIR_GIL_FREE, PAIR_GIL_SURE,
+                                        PAIR_GIL_WAIT,
                                         PAIR_OVERLAP, PROCESS_MIN_ROW_S,
                                         WINDOW_S, Tuner, read_machine_idle)
 from asyncfeed._engine.pipeline import PAIR_ROUNDS, PAIR_S, Pipeline
@@ -94,6 +95,35 @@ def test_paired_judges_the_gil_from_two_threads(wall, cpu, delay, gil_bound, fre
         assert t.processes_why.startswith("gil: two threads side by side")
         assert f"kept {cpu / S:.2f} cores busy" in t.processes_why
         assert f"{share:.0%} of their time waiting for the GIL" in t.processes_why
+
+
+@pytest.mark.parametrize("wall,cpu,delay,expect", [
+    pytest.param(*_reading(PAIR_GIL_WAIT + 0.01, 1.2), True, id="just-over-the-gil-bound"),
+    pytest.param(*_reading(PAIR_GIL_SURE + 0.05, 1.0), False, id="sure"),
+    pytest.param(*_reading(PAIR_GIL_WAIT - 0.01, 1.2), False, id="not-the-gil"),
+    pytest.param(*_reading(PAIR_GIL_WAIT + 0.01, PAIR_CORES + 0.1), False, id="many-cores"),
+    pytest.param(0.02, 0.0127, 0.0041, True, id="sha-on-a-loaded-machine-16pct"),
+    pytest.param(0.02, 0.0100, 0.0052, True, id="wait-24pct"),
+    pytest.param(0.02, 0.0100, 0.0048, False, id="wait-26pct"),
+    pytest.param(0.02, 0.0100, None, False, id="no-delay"),
+])
+def test_a_gil_reading_by_a_small_margin_is_marginal(wall, cpu, delay, expect):
+    assert Tuner.pair_marginal(S, wall, cpu, delay) is expect
+
+
+@pytest.mark.timeout(60)
+def test_a_marginal_pair_is_measured_again_before_a_verdict(monkeypatch, caplog):
+    """A pair that reads the GIL by a small margin is measured again (up to
+    ``PAIR_ROUNDS`` rounds) before it may fork workers; the last round is judged."""
+    _force_pair(monkeypatch)
+    monkeypatch.setattr(Tuner, "pair_marginal", staticmethod(lambda *a: True))
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        _gil_pass()
+    again = [r.getMessage() for r in caplog.records
+             if r.name == "asyncfeed" and r.getMessage().endswith("measuring again")]
+    assert len(again) == PAIR_ROUNDS - 1, again
+    assert all("the GIL by a small margin" in m for m in again), again
+    assert caplog.text.count("two threads side by side: ") == 1  # one verdict
 
 
 @pytest.mark.parametrize("wall,cpu", [_reading(0.5, 0.9)[:2], _reading(0.0, 1.9)[:2]])

@@ -116,6 +116,8 @@ PAIR_GIL_FREE = 0.08       # ... under this share, keeping at least PAIR_FREE_CO
 PAIR_FREE_CORES = 1.3      # the GIL does not (no one-window GIL rule); with about one core
                            # busy and the off-core time all queued the pair cannot tell
                            # (a busy machine: GIL hand-offs read as run-queue delay)
+PAIR_GIL_SURE = 0.25       # a GIL reading under this wait share is measured again while
+                           # rounds remain (GIL-free hashing on a loaded machine read 16%)
 PAIR_OVERLAP = 1.3         # task time (summed) per second of the pair's span below which
                            # the two threads barely ran side by side: it says nothing
 TINY_MIN_ROW_S = 1e-5      # tiny rows cheaper than this stay on the thread (see above)
@@ -324,6 +326,26 @@ class Tuner:
         """The pass's decode threads' cumulative run-queue delay (None: unknown)."""
         return self._run_delay() if self._run_delay is not None else None
 
+    @staticmethod
+    def pair_shares(span: float, wall: float, cpu: float,
+                    delay: float | None) -> tuple[float, float] | None:
+        """(share of the task time waiting for the GIL, cores kept busy) of a pair
+        measure (see :meth:`paired`); None where it cannot be read."""
+        if wall <= 0 or span <= 0 or delay is None:
+            return None
+        return min(1.0, max(0.0, wall - cpu - delay) / wall), cpu / span
+
+    @classmethod
+    def pair_marginal(cls, span: float, wall: float, cpu: float,
+                      delay: float | None) -> bool:
+        """Whether a pair measure reads the GIL (see :meth:`paired`) by a small margin
+        only: a wait share under ``PAIR_GIL_SURE``.  The pipeline measures such a
+        pair again while it has rounds left (one 10 ms reading of GIL-free rows on
+        a loaded machine crossed ``PAIR_GIL_WAIT``)."""
+        shares = cls.pair_shares(span, wall, cpu, delay)
+        return shares is not None and PAIR_GIL_WAIT <= shares[0] < PAIR_GIL_SURE \
+            and shares[1] <= PAIR_CORES
+
     def paired(self, rows: int, span: float, wall: float, cpu: float,
                delay: float | None) -> bool:
         """Two threads ran tasks side by side for ``span`` seconds (after the rows
@@ -336,10 +358,10 @@ class Tuner:
         busy; rows measured alone were on a core, so the wait is not I/O).
         True if it did.  Workload (c) decides here ~30 ms into its first pass,
         instead of after a 40 ms window of four threads convoying on the GIL."""
-        if wall <= 0 or span <= 0 or delay is None:
+        shares = self.pair_shares(span, wall, cpu, delay)
+        if shares is None:
             return False
-        gil = min(1.0, max(0.0, wall - cpu - delay) / wall)
-        used = cpu / span
+        gil, used = shares
         log.debug("asyncfeed: two threads side by side: %d rows in %.1f ms, %.2f cores "
                   "busy, %.0f%% of their time waiting for the GIL", rows, span * 1e3,
                   used, 100 * gil)

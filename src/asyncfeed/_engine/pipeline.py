@@ -484,13 +484,17 @@ class Pipeline(BatchHandoff):
         end = tuner.run_delay_now()
         delay = None if end is None or pr.delay0 is None else end - pr.delay0
         queued = delay is not None and delay >= PAIR_QUEUED * pr.wall
-        if (queued or not tuner.pair_overlapped(span, pr.wall)) and pr.round < PAIR_ROUNDS:
+        marginal = tuner.pair_marginal(span, pr.wall, pr.cpu, delay)
+        if (queued or marginal or not tuner.pair_overlapped(span, pr.wall)) \
+                and pr.round < PAIR_ROUNDS:
             # woken by a thread still running, the other thread was queued on that
             # thread's core (the scheduler moves it within a few milliseconds), or
-            # started too late to overlap it: the pair says nothing about the GIL yet
+            # started too late to overlap it: the pair says nothing about the GIL yet;
+            # or it read the GIL by a small margin only: once more before a fork
             log.debug("asyncfeed: two threads side by side waited %.1f ms for a core, "
-                      "%.1f ms of tasks in %.1f ms: measuring again",
-                      (delay or 0.0) * 1e3, pr.wall * 1e3, span * 1e3)
+                      "%.1f ms of tasks in %.1f ms%s: measuring again",
+                      (delay or 0.0) * 1e3, pr.wall * 1e3, span * 1e3,
+                      ", the GIL by a small margin" if marginal else "")
             with self.cond:
                 if not self.stopping:
                     self.pairing = _Pairing(pr.row_cpu, pr.on_core, end, pr.round + 1)
