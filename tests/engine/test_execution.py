@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from asyncfeed import AsyncLoader, SampleError, WorkerCrashedError
+from asyncfeed._engine import processes
 from asyncfeed._engine.autotune import WINDOW_S, Tuner
 from support.oracle import MixedFixed, TupleFixed, assert_parity, assert_same_batches
 
@@ -349,3 +350,18 @@ def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():
     tiny.gate_for_pass()
     _windows(tiny, lambda k: 30_000.0, lambda k: 1.0, 20, row_s=3e-5)
     assert tiny.processes_why is None
+
+
+@pytest.mark.parametrize("n,workers,row_cost,expect", [
+    (32, 2, None, 8),       # no measurement yet: half a worker's share
+    (32, 2, 0.0, 8),
+    (32, 2, 0.007, 8),      # 7 ms rows: 50 ms of work is 8 rows (was 2 at 10 ms)
+    (32, 2, 0.001, 16),     # cheap rows: capped at one worker's share
+    (33, 2, 0.0001, 17),    # ... rounded up, so two tasks cover the batch
+    (32, 2, 0.2, 1),        # rows dearer than the target: one per task
+    (5, 8, 0.001, 1),       # more workers than rows
+    (128, 1, 0.0005, 100),  # one worker: the target alone bounds it
+])
+def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, expect):
+    assert processes.PROCESS_TASK_S == 0.05
+    assert processes.rows_per_process_task(n, workers, row_cost) == expect

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import mmap
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
@@ -66,6 +67,7 @@ _ALIGN = 64
 PARENT_CHECK_S = 1.0   # an idle worker checks this often that the loader's process lives
 QUIET_S = 1.0          # the longest the consumer waits for running tasks before a fork
 QUIET_RETRY_S = 5.0    # ... and, when they did not end, before it tries again
+PROCESS_TASK_S = 0.05  # the work a task sent to a worker aims at (rows_per_process_task)
 _names = itertools.count()
 
 
@@ -614,12 +616,17 @@ def _apply(p: Pipeline, b: Batch, lo: int, hi: int, out: list[tuple[int, str, An
 
 
 def rows_per_process_task(n: int, workers: int, row_cost_s: float | None) -> int:
-    """Rows per task sent to a worker: about 10 ms of work (a task costs a few
-    hundred microseconds of IPC), no more than one worker's share of a batch."""
+    """Rows per task sent to a worker: about ``PROCESS_TASK_S`` of work, no more
+    than one worker's share of a batch (before the row cost is known: half that
+    share).  A task costs the loader's process about 0.4 ms of CPU (the results
+    thread's wake-up, receive and bookkeeping) on top of the worker's queue read
+    and reply: with 10 ms tasks that was 5% of a core, taken from the workers on
+    a small machine (see docs/architecture.md)."""
     workers = max(1, workers)
+    share = -(-n // workers)
     if row_cost_s is None or row_cost_s <= 0:
         return max(1, n // (2 * workers))
-    return max(1, min(int(-(-0.01 // row_cost_s)), -(-n // workers)))
+    return max(1, min(math.ceil(PROCESS_TASK_S / row_cost_s), share))
 
 
 def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
