@@ -210,6 +210,44 @@ def test_quiet_holds_new_tasks_and_waits_for_running_ones():
         pool.shutdown(wait=True)
 
 
+def test_take_queued_takes_back_only_the_tasks_asked_for_in_order():
+    pool = TaskPool(1, "asyncfeed-test-take")
+    try:
+        running, release = threading.Event(), threading.Event()
+        ran: list[str] = []
+
+        def block() -> None:
+            running.set()
+            release.wait(5)
+
+        def mine(x: str) -> None:
+            ran.append("mine " + x)
+
+        pool.submit(block)
+        assert running.wait(5)  # the only thread is busy: what follows stays queued
+        for x in "ab":
+            pool.submit(mine, x)
+            pool.submit(ran.append, "other " + x)
+        taken = pool.take_queued(lambda fn, args: fn is mine)
+        assert [args for _, args in taken] == [("a",), ("b",)]
+        assert pool.take_queued(lambda fn, args: fn is mine) == []
+        release.set()
+        deadline = time.monotonic() + 5
+        while len(ran) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert ran == ["other a", "other b"]  # the rest ran, in order; taken ones never
+    finally:
+        pool.shutdown(wait=True)
+    # after shutdown the stop stays queued: taking tasks back cannot swallow it
+    pool = TaskPool(2, "asyncfeed-test-take")
+    pool.shutdown(wait=False)
+    assert pool.take_queued(lambda fn, args: True) == []
+    for t in pool.threads:
+        t.join(5)
+        assert not t.is_alive()
+
+
 class _Item:
     closed = False
 
@@ -465,3 +503,73 @@ def test_the_gil_probe_wakes_often_only_while_the_first_windows_may_decide():
         it2 = iter(pinned)
         assert it2._p.acct.probe.fast_for == 0.0
         list(it2)
+
+
+def test_queued_batches_go_to_the_stage_whole_and_into_shared_memory(monkeypatch):
+    """Batches queued for the threads when the stage takes over go to the workers
+    in the stage's task sizes, written into shared memory (not one thread-sized
+    task at a time, each woken in a thread and pickled back)."""
+    from support.datasets import SwitchAtRow
+    sent: list[tuple[int, int, int, str | None]] = []
+    moved: list[int] = []
+    real_submit, real_take = processes.ProcessStage.submit, processes.take_over_queued
+
+    def spy(self, p, b, lo, hi, path):
+        ok = real_submit(self, p, b, lo, hi, path)
+        if ok:
+            sent.append((b.k, lo, hi, path))
+        return ok
+
+    def spy_take(p, stage):
+        n = real_take(p, stage)
+        moved.append(n)
+        return n
+
+    monkeypatch.setattr(processes.ProcessStage, "submit", spy)
+    monkeypatch.setattr(processes, "take_over_queued", spy_take)
+    bs = 8
+    ds = SwitchAtRow(12 * bs, trigger=bs + 2)  # in batch 1: batches 2-4 are queued then
+    with AsyncLoader(ds, batch_size=bs, num_threads=1, prefetch=4,
+                     multiprocessing_context="spawn") as al:
+        ds.loader = al
+        got = list(al)
+        assert al.stats().execution.startswith("processes: 2 workers (gil: set by the test")
+    ds.loader = None
+    assert_same_batches(got, list(DataLoader(ds, batch_size=bs)))
+    assert moved == [3 * bs], moved  # batches 2, 3 and 4, none of them started
+    ks = sorted({k for k, _, _, _ in sent})
+    assert ks == list(range(2, 12)), ks  # batch 1 stays with its thread
+    assert all(path is not None for *_, path in sent), sent  # all in shared memory
+    for k in ks:  # each batch in runs that cover it once
+        spans = sorted((lo, hi) for kk, lo, hi, _ in sent if kk == k)
+        assert spans[0][0] == 0 and spans[-1][1] == bs
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (k, spans)
+
+
+def test_a_stage_started_in_the_first_batch_gets_the_next_batches_at_once(monkeypatch):
+    """Once the stage runs and the layout is known, the batches after the first are
+    planned before the first is taken (the workers do not wait for the consumer
+    to take it), and they go to shared memory."""
+    from support.datasets import SwitchAtRow
+    sent: list[tuple[int, int, str | None]] = []   # (batch, batches taken then, path)
+    real = processes.ProcessStage.submit
+
+    def spy(self, p, b, lo, hi, path):
+        ok = real(self, p, b, lo, hi, path)
+        if ok:
+            sent.append((b.k, p.taken, path))
+        return ok
+
+    monkeypatch.setattr(processes.ProcessStage, "submit", spy)
+    bs = 8
+    ds = SwitchAtRow(10 * bs, trigger=4)  # in batch 0, after its first rows
+    # two threads: one-row tasks, so the layout is known from the first row on
+    with AsyncLoader(ds, batch_size=bs, num_threads=2, prefetch=4,
+                     multiprocessing_context="spawn") as al:
+        ds.loader = al
+        got = list(al)
+    ds.loader = None
+    assert_same_batches(got, list(DataLoader(ds, batch_size=bs)))
+    early = sorted({k for k, taken, _ in sent if taken == 0})
+    assert early == [1, 2, 3], sent   # prefetch 4: batch 0 and three more
+    assert all(path is not None for k, _, path in sent if k >= 1), sent

@@ -59,3 +59,37 @@ def _drain(it) -> list:
 
 
 drain = _drain
+
+
+class SwitchAtRow(Dataset):
+    """Fixed-shape rows.  In the loader's process, loading row ``trigger`` marks the
+    loader's tuner as the GIL rule would, asks for the stage (as that task's
+    report would) and then holds its decode thread until
+    the process stage has started, so that the batches planned meanwhile are
+    still queued for the threads when the stage takes over.  Picklable for any
+    start method (the loader is not pickled)."""
+
+    def __init__(self, n: int, trigger: int) -> None:
+        import os
+        self.n, self.trigger, self.parent = n, trigger, os.getpid()
+        self.loader: AsyncLoader | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "loader": None}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import os
+        import time
+        al = self.loader
+        if i == self.trigger and al is not None and os.getpid() == self.parent:
+            al._tuner.processes_why = "gil: set by the test"
+            it = al._current() if al._current is not None else None
+            if it is not None:
+                it._p.want_stage()  # as a task's report does once the rule fired
+            deadline = time.monotonic() + 30
+            while al._exec.stage is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return torch.full((3, 4), i, dtype=torch.int64), i % 7

@@ -657,6 +657,50 @@ def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
     return True
 
 
+def take_over_queued(p: Pipeline, stage: ProcessStage) -> int:
+    """(once, as ``p`` starts using ``stage``) Send the row tasks of ``p`` still
+    queued for its threads to the stage in the stage's task sizes: a batch none
+    of whose rows has started goes whole (``submit_batch``: into shared memory),
+    the queued rows of a started batch in runs of ``rows_per_process_task``
+    (they come back pickled).  Left to the threads, each of those tasks -- sized
+    for a thread, one 7 ms row on workload (c) -- would wake a thread to send it
+    on, and the workers would wait between them.  Returns the rows moved; rows
+    the stage cannot take (it broke) are queued for the threads again."""
+    from .rowtasks import run_rows
+    taken = p.runtime.pool.take_queued(
+        lambda fn, args: fn is run_rows and bool(args) and args[0] is p)
+    if not taken:
+        return 0
+    runs: dict[int, tuple[Batch, list[tuple[int, int]]]] = {}
+    for _, (_, b, lo, hi) in taken:
+        runs.setdefault(b.k, (b, []))[1].append((lo, hi))
+    moved = 0
+    for b, spans in runs.values():
+        spans.sort()
+        merged: list[list[int]] = []
+        for lo, hi in spans:
+            if merged and merged[-1][1] == lo:
+                merged[-1][1] = hi
+            else:
+                merged.append([lo, hi])
+        whole = merged == [[0, b.n]] and b.bufs is None
+        if whole and submit_batch(p, stage, b):
+            moved += b.n
+            continue
+        path = stage.buffers.path_of(b.bufs) if b.bufs else None
+        step = rows_per_process_task(b.n, stage.num_workers,
+                                     p.tuner.row_cost_s if p.tuner is not None else None)
+        for lo0, hi0 in merged:
+            for lo in range(lo0, hi0, step):
+                hi = min(lo + step, hi0)
+                if stage.submit(p, b, lo, hi, path):
+                    moved += hi - lo
+                elif p.runtime.submit(run_rows, p, b, lo, hi) is None:
+                    p._abandon(b)
+                    break
+    return moved
+
+
 EXECUTIONS = ("auto", "threads", "processes")
 
 

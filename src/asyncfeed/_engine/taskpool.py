@@ -150,6 +150,27 @@ class TaskPool:
         _call(*item)
         return True
 
+    def take_queued(self, mine: Callable[[Callable[..., Any], tuple[Any, ...]], bool]
+                    ) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+        """Take back the queued tasks ``mine(fn, args)`` accepts, in queue order; they
+        will not run.  Every other task (and a shutdown's stop) is queued again, after
+        any a thread submits meanwhile.  A task a thread has already taken is not
+        here: it runs.  Any thread."""
+        taken: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        others: list[Any] = []
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP and mine(*item):
+                taken.append(item)
+            else:
+                others.append(item)
+        for item in others:
+            self._q.put(item)
+        return taken
+
     @contextlib.contextmanager
     def quiet(self, timeout: float = 5.0) -> Iterator[bool]:
         """Hold back new tasks and wait (at most ``timeout`` seconds) until no task
