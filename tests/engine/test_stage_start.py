@@ -479,9 +479,12 @@ def test_the_fork_waits_for_running_tasks_and_tries_again_later(monkeypatch, cap
         with AsyncLoader(ds, batch_size=16, num_threads=1, prefetch=4) as al:
             ds.loader = al
             got = []
-            for batch in al:  # a slow consumer: the thread runs ahead, and batches
-                got.append(batch)  # are taken (and planned) while the slow task runs
-                time.sleep(0.05)
+            for batch in al:  # a slow consumer: the thread runs ahead, and batch 1
+                got.append(batch)  # is taken (and batch 5 planned) while the slow task
+                # runs: from about 0.07 s to 0.67 s (later on a loaded machine; a
+                # consumer sleeping 50 ms after every batch took batch 1 before the
+                # slow row began on a loaded CI run, and never tried to fork in it)
+                time.sleep(0.3 if len(got) == 1 else 0.01)
             why = al.stats().execution
     ds.loader = None
     assert "did not go quiet" in caplog.text
