@@ -50,11 +50,38 @@ def test_tiny_gil_bound_samples_settle_on_one_thread(caplog):
 
 
 def test_busy_threads_that_scale_are_left_alone():
-    # GIL-free decode keeping both cores busy at the default: nothing to gain by moving
-    t = Tuner(size=4, cores=2, adaptive=True)
+    # GIL-free decode keeping both cores busy, one thread per core: nothing to gain
+    t = Tuner(size=2, cores=2, adaptive=True)
     t.gate_for_pass()
     seen = _drive(t, lambda n: 500 * min(n, 2), lambda n: min(n, 2) * 0.97, 60, [0.0])
-    assert set(seen) == {4} and t.moves == []
+    assert set(seen) == {2} and t.moves == []
+
+
+def test_spare_threads_that_add_nothing_go_and_probes_back_off():
+    # GIL-free decode keeping both cores busy at the default (cores + 2): the spare
+    # threads add no rate, so the limit settles on the cores; probes back up to
+    # them fail and come ever later
+    t = Tuner(size=4, cores=2, adaptive=True)
+    t.gate_for_pass()
+    seen = _drive(t, lambda n: 500 * min(n, 2), lambda n: min(n, 2) * 0.97, 300, [0.0])
+    assert t.moves[0][:2] == (4, 2)
+    assert seen[-1] == 2
+    ups = [m for m in t.moves if m[1] > m[0]]
+    assert 2 <= len(ups) <= 10  # backoff 2, 4, ... 64 decision rounds
+    assert sum(1 for n in seen[20:] if n != 2) <= 25
+
+
+def test_spare_threads_that_cover_stalls_stay():
+    # every core busy, and the spare threads add rate (they read while others
+    # stall): the probe down to the cores is undone and the spare threads stay
+    t = Tuner(size=4, cores=2, adaptive=True)
+    t.gate_for_pass()
+    seen = _drive(t, lambda n: 400 + 100 * n, lambda n: min(n, 2) * 0.97, 300, [0.0])
+    assert t.moves[0][:2] == (4, 2) and t.moves[1][:2] == (2, 4)
+    assert seen[-1] == 4
+    assert sum(1 for n in seen if n != 4) <= 25
+    downs = [m for m in t.moves if m[1] < m[0]]
+    assert 2 <= len(downs) <= 8, t.moves  # ever rarer: 2, 4, ... 64 rounds apart
 
 
 def test_waiting_threads_that_scale_come_back_and_probes_back_off():

@@ -11,6 +11,10 @@ wall time and thread CPU time; over short windows the tuner computes the rate
   more than 3%, since fewer threads that do as much cost less CPU and less GIL
   traffic (on tiny samples they do *more*: every hand-off of the GIL between
   threads costs more than the sample);
+* down to one thread per core when more threads than cores keep every core
+  busy and the pool has no more to add (the spare threads cover stalls; where
+  there are none, they only add GIL and cache traffic) -- kept, as any probe
+  down, if the rate does not fall by more than 3%;
 * up (never past the pool's size) when the threads allowed are all busy, or
   when one thread spends at least ``BLOCKED`` of its task time neither on a
   core nor queued for one (it waits for I/O inside the per-sample function:
@@ -223,6 +227,11 @@ class Tuner:
         self.pair_free = False
         self._hold = 0
         self._backoff = 2
+        # the probe down from spare threads on busy cores (see _decide): decision
+        # rounds until it may run again, and the next such wait (doubling, never
+        # reset: a difference of a few percent is often within one window's noise)
+        self._spare_wait = 0
+        self._spare_backoff = 2
 
     # ------------------------------------------------------------------ passes
     def gate_for_pass(self, run_delay: Callable[[], float | None] | None = None,
@@ -597,6 +606,19 @@ class Tuner:
             # all busy, or one thread that spends much of its tasks blocked (no other
             # decode thread holds the GIL: it waits for I/O, e.g. reads in __getitem__)
             nxt = self._up(n)
+        elif n > self.cores and busy >= BUSY:
+            # every core busy with more threads than cores, and no more threads to
+            # add: the spare ones may only add contention (GIL hand-offs, cache
+            # misses; workload (a) on 2 cores: 2 threads 6% faster than 4, in-process
+            # A/B) -- kept if the rate holds, like any probe down; where they cover
+            # stalls (reads that wait), the rate falls and the probe is undone; it
+            # runs ever more rarely (2, 4, ... 64 rounds apart), kept or not
+            if self._spare_wait > 0:
+                self._spare_wait -= 1
+                return
+            self._spare_wait = self._spare_backoff
+            self._spare_backoff = min(MAX_BACKOFF, 2 * self._spare_backoff)
+            nxt = self.cores
         else:
             return
         self._probe = _Before(n, rate, used, gil_wait, idle_share, self._held_share())
