@@ -201,28 +201,42 @@ def test_loader_abandons_a_stall_after_headers_while_slow_reads_stream(image_tre
     silence (no byte for 4 x the time-to-first-byte p99, here the 0.5 s floor),
     abandoned and retried before the hard timeout: counted as a stall in
     stats().io, its sample delivered once, every batch the local folder's, in order."""
-    with DirectoryServer(image_tree) as server:
-        remote = ImageFolder(server.url, 32, timeout=2.5, hedge=False, backoff=0.01,
-                             max_backoff=0.05, stall_factor=4.0)
-        slow = remote.samples[5][0]
-        rel = _rel(slow, server.url)
-        server.add_fault(rel, "stall", times=1)     # headers, then nothing (first wins)
-        _trickle_everything(server, [len(_local(image_tree, u, server.url))
-                                     for u, _ in remote.samples])
-        server.reset_counts()
-        with AsyncLoader(remote, batch_size=4, num_threads=2) as loader:
-            got = list(loader)
-            io = loader.stats().io
-        requests = server.count(rel)
-        remote._source.close()
+    hard, factor = 2.5, 4.0
+
+    def run():
+        with DirectoryServer(image_tree) as server:
+            remote = ImageFolder(server.url, 32, timeout=hard, hedge=False, backoff=0.01,
+                                 max_backoff=0.05, stall_factor=factor)
+            slow = remote.samples[5][0]
+            rel = _rel(slow, server.url)
+            server.add_fault(rel, "stall", times=1)     # headers, then nothing (first wins)
+            _trickle_everything(server, [len(_local(image_tree, u, server.url))
+                                         for u, _ in remote.samples])
+            server.reset_counts()
+            with AsyncLoader(remote, batch_size=4, num_threads=2) as loader:
+                got = list(loader)
+                io = loader.stats().io
+            requests = server.count(rel)
+            ttfb = max((g._ttfb.quantile(0.99) or 0.0)
+                       for g in remote._source._guards.values())
+            remote._source.close()
+        return got, io, requests, ttfb
+
+    got, io, requests, ttfb = run()
+    if io is not None and io.stalls == 0 and ttfb * factor >= hard:
+        # the premise did not hold: headers took so long on this (loaded) machine that
+        # factor x their p99 reached the hard timeout, where the silence rule rightly
+        # stands down (one CI run in three sessions); once more, then it must hold
+        got, io, requests, ttfb = run()
     with AsyncLoader(ImageFolder(image_tree, 32), batch_size=4, num_threads=2) as loader:
         want = list(loader)
     assert len(got) == len(want)
     for (x, lx), (y, ly) in zip(got, want):
         assert torch.equal(x, y) and torch.equal(lx, ly)
     assert io is not None
-    assert (io.stalls, io.retries, io.hedges) == (1, 1, 0)   # a stall, not the hard timeout
-    assert io.attempts == len(remote) + 1
+    # a stall, not the hard timeout
+    assert (io.stalls, io.retries, io.hedges) == (1, 1, 0), (io, f"ttfb p99 {ttfb:.3f}s")
+    assert io.attempts == sum(len(lx) for _, lx in want) + 1  # the stalled file twice
     assert requests == 2
 
 
