@@ -365,3 +365,25 @@ def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():
 def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, expect):
     assert processes.PROCESS_TASK_S == 0.05
     assert processes.rows_per_process_task(n, workers, row_cost) == expect
+
+
+def test_rows_the_stage_cannot_take_mid_batch_run_in_threads(monkeypatch):
+    """A stage that stops taking rows part way through a batch (it broke): the rest
+    of that batch runs in the threads, and the batches are still DataLoader's."""
+    real = processes.ProcessStage.submit
+    calls = {"n": 0, "refused": 0}
+
+    def flaky(self, p, b, lo, hi, path):
+        calls["n"] += 1
+        if lo > 0 and calls["n"] % 3 == 0:  # never a batch's first run: mid-batch only
+            calls["refused"] += 1
+            return False
+        return real(self, p, b, lo, hi, path)
+
+    monkeypatch.setattr(processes.ProcessStage, "submit", flaky)
+    ds = TupleFixed(96)
+    # a row lost on the way fails the wait (LoaderTimeout), not the test run
+    with AsyncLoader(ds, batch_size=16, execution="processes", timeout=30) as al:
+        got = list(al)
+    assert calls["refused"] > 0
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))

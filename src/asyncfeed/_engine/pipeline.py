@@ -231,9 +231,9 @@ class Pipeline(BatchHandoff):
         workload (c)) between finishing the first batch's rows and the consumer
         planning the next ones.
         """
-        if self.taken > 0 or self.use_fetch or not self.in_order:
-            return self.prefetch
-        return self.prefetch if self.stage is not None and self.layouts.decided else 1
+        ahead = self.taken > 0 or self.use_fetch or not self.in_order \
+            or (self.stage is not None and self.layouts.decided)
+        return self.prefetch if ahead else 1
 
     def _room(self) -> bool:
         return not self.exhausted and self.submitted - self.taken < self._ahead()

@@ -623,10 +623,9 @@ def rows_per_process_task(n: int, workers: int, row_cost_s: float | None) -> int
     and reply: with 10 ms tasks that was 5% of a core, taken from the workers on
     a small machine (see docs/architecture.md)."""
     workers = max(1, workers)
-    share = -(-n // workers)
     if row_cost_s is None or row_cost_s <= 0:
         return max(1, n // (2 * workers))
-    return max(1, min(math.ceil(PROCESS_TASK_S / row_cost_s), share))
+    return max(1, min(math.ceil(PROCESS_TASK_S / row_cost_s), -(-n // workers)))
 
 
 def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
@@ -643,18 +642,24 @@ def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
             path = stage.buffers.path_of(b.bufs)
     step = rows_per_process_task(b.n, stage.num_workers,
                                  p.tuner.row_cost_s if p.tuner is not None else None)
-    for lo in range(0, b.n, step):
-        if not stage.submit(p, b, lo, min(lo + step, b.n), path):
-            if lo == 0:
+    spans = [(lo, min(lo + step, b.n)) for lo in range(0, b.n, step)]
+    for i, (lo, hi) in enumerate(spans):
+        if not stage.submit(p, b, lo, hi, path):
+            if i == 0:
                 return False
-            # the stage broke mid-batch: the rest in threads
-            from .rowtasks import run_rows
-            for lo2 in range(lo, b.n, step):
-                if p.runtime.submit(run_rows, p, b, lo2, min(lo2 + step, b.n)) is None:
-                    p._abandon(b)
-                    return True
+            _rows_to_threads(p, b, spans[i:])  # the stage broke mid-batch
             return True
     return True
+
+
+def _rows_to_threads(p: Pipeline, b: Batch, spans: list[tuple[int, int]]) -> None:
+    """Queue the runs ``spans`` of ``b`` that the stage could not take (it broke) for
+    the threads; ``b`` fails as abandoned (once) if they are closing too."""
+    from .rowtasks import run_rows
+    for lo, hi in spans:
+        if p.runtime.submit(run_rows, p, b, lo, hi) is None:
+            p._abandon(b)
+            return
 
 
 def take_over_queued(p: Pipeline, stage: ProcessStage) -> int:
@@ -690,14 +695,13 @@ def take_over_queued(p: Pipeline, stage: ProcessStage) -> int:
         path = stage.buffers.path_of(b.bufs) if b.bufs else None
         step = rows_per_process_task(b.n, stage.num_workers,
                                      p.tuner.row_cost_s if p.tuner is not None else None)
-        for lo0, hi0 in merged:
-            for lo in range(lo0, hi0, step):
-                hi = min(lo + step, hi0)
-                if stage.submit(p, b, lo, hi, path):
-                    moved += hi - lo
-                elif p.runtime.submit(run_rows, p, b, lo, hi) is None:
-                    p._abandon(b)
-                    break
+        chunks = [(lo, min(lo + step, hi0)) for lo0, hi0 in merged
+                  for lo in range(lo0, hi0, step)]
+        for i, (lo, hi) in enumerate(chunks):
+            if not stage.submit(p, b, lo, hi, path):
+                _rows_to_threads(p, b, chunks[i:])
+                break
+            moved += hi - lo
     return moved
 
 
