@@ -186,6 +186,64 @@ def test_a_dead_worker_is_an_error_naming_its_samples(how, why):
     assert why in str(cause) and "21" in str(cause)
 
 
+class SlowFirstWorker:
+    """Sample ``i`` is ``[i, worker id]``; worker 0 takes 0.1 s a row, worker 1 none."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        wid = info.id if info is not None else -1
+        if wid == 0:
+            time.sleep(0.1)
+        return torch.tensor([i, wid])
+
+
+def test_tasks_wait_for_a_free_worker_not_in_a_slow_ones_queue():
+    """Once the layout is known (after the first batch) every other batch is in
+    flight at once (prefetch 8, 8 batches); a worker holds at most
+    ``WORKER_DEPTH`` tasks, so the slow one does a few rows and the fast one the
+    rest.  Shared out as they were submitted, half the pass (about 30 rows, 3 s)
+    waited in the slow worker's queue."""
+    assert processes.WORKER_DEPTH == 2
+    with AsyncLoader(SlowFirstWorker(), batch_size=8, prefetch=8,
+                     execution="processes") as al:
+        got = list(al)
+    rows = torch.cat(got)
+    assert rows[:, 0].tolist() == list(range(64))  # DataLoader's order, no row lost
+    by_slow = int((rows[:, 1] == 0).sum())
+    # 2-row tasks: two of the first batch, two more as the rest arrive, perhaps one more
+    assert by_slow <= 10, f"the slow worker ran {by_slow} of 64 rows"
+
+
+class DiesSlowly(Dies):
+    """``Dies`` whose rows take 20 ms in a worker: tasks still wait in the stage's
+    backlog when sample ``bad`` kills its worker."""
+
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None:
+            time.sleep(0.02)
+        return super().__getitem__(i)
+
+
+def test_a_dead_worker_fails_only_what_it_held_the_waiting_tasks_run():
+    """A worker dies with tasks still waiting in the stage's backlog: the rows it
+    held are skipped (and named), every other row is delivered (the backlog goes to
+    the threads), in DataLoader's order."""
+    with AsyncLoader(DiesSlowly(64, 21, "exit"), batch_size=8, prefetch=8,
+                     execution="processes", on_error="skip", timeout=20) as al:
+        got = list(al)
+        st = al.stats()
+    skipped = [s.index for s in st.skipped]
+    # it held WORKER_DEPTH tasks of at most half a batch (4 rows) each
+    assert 21 in skipped and len(skipped) <= processes.WORKER_DEPTH * 4, skipped
+    assert all("WorkerCrashedError" in s.error for s in st.skipped), st.skipped
+    delivered = torch.cat(got)[:, 0].tolist()
+    assert delivered == [i for i in range(64) if i not in skipped]
+    assert "then processes stopped" in st.execution, st.execution
+
+
 class Raises:
     def __len__(self) -> int:
         return 30
