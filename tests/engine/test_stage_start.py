@@ -9,6 +9,7 @@ parent's exit hooks; a worker whose loader's process is killed exits.
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from asyncfeed._engine import processes
 from asyncfeed._engine.autotune import MIN_TASKS, WINDOW_S, Gate, Tuner, read_machine_idle
 from asyncfeed._engine.exithooks import OpenSet
 from asyncfeed._engine.taskpool import TaskPool
-from support.oracle import assert_same_batches
+from support.oracle import TupleFixed, assert_same_batches
 
 
 # ------------------------------------------------------------- the tuner's rules
@@ -394,10 +395,33 @@ def test_workers_exit_when_the_loaders_process_is_killed(tmp_path):
                      and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]
             time.sleep(0.1)
         assert not alive, f"workers outlived the killed loader: {alive}"
+        left = glob.glob(f"/dev/shm/asyncfeed-{p.pid}-*")
+        assert not left, f"the killed loader's shared memory outlived its workers: {left}"
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_a_new_stage_removes_the_shared_memory_of_dead_loaders():
+    """A loader killed with its workers (no one left to unlink its files): the next
+    stage started on the machine removes them; live loaders' files stay."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = f"/dev/shm/asyncfeed-{dead.pid}-0123abcd-0"
+    alive = f"/dev/shm/asyncfeed-{os.getppid()}-0123abcd-0"  # pytest's parent lives
+    for path in (stale, alive):
+        with open(path, "wb") as f:
+            f.write(b"x" * 64)
+    try:
+        with AsyncLoader(TupleFixed(32), batch_size=8, execution="processes") as al:
+            list(al)
+        assert not os.path.exists(stale), "a dead loader's file survived a new stage"
+        assert os.path.exists(alive), "a live process's file was removed"
+    finally:
+        for path in (stale, alive):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 # ------------------------------------------------------------ inline rows
