@@ -473,6 +473,41 @@ def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, 
     assert processes.rows_per_process_task(n, workers, row_cost) == expect
 
 
+def test_a_workers_task_is_sized_by_what_rows_take_in_the_workers():
+    """Before any task came back, the least of the threads' figures (their running
+    means still carry the first rows' imports and GIL waits); then the workers'
+    own measure of their rows."""
+    from types import SimpleNamespace
+    stage = processes.ProcessStage(TupleFixed(8), 2, None, None, 0, 2)
+    try:
+        assert stage.row_cost(None) is None
+        threads = SimpleNamespace(alone=(0.007, 0.98), row_cpu_s=0.017, row_cost_s=0.025)
+        assert stage.row_cost(threads) == 0.007
+        assert stage.row_cost(SimpleNamespace(alone=None, row_cpu_s=None,
+                                              row_cost_s=0.025)) == 0.025
+        stage.row_s = 0.004
+        assert stage.row_cost(threads) == 0.004
+    finally:
+        stage.close()
+
+
+class Sleeps:
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        time.sleep(0.01)
+        return torch.tensor([i])
+
+
+def test_the_stage_measures_its_rows_in_the_workers():
+    with AsyncLoader(Sleeps(), batch_size=8, execution="processes") as al:
+        assert torch.cat(list(al)).view(-1).tolist() == list(range(24))
+        stage = al._exec.stage
+        assert stage is not None and stage.row_s is not None
+        assert 0.01 <= stage.row_s < 1.0, stage.row_s  # each row sleeps 10 ms
+
+
 def test_rows_the_stage_cannot_take_mid_batch_run_in_threads(monkeypatch):
     """A stage that stops taking rows part way through a batch (it broke): the rest
     of that batch runs in the threads, and the batches are still DataLoader's."""
