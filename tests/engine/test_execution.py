@@ -508,6 +508,53 @@ def test_the_stage_measures_its_rows_in_the_workers():
         assert 0.01 <= stage.row_s < 1.0, stage.row_s  # each row sleeps 10 ms
 
 
+def test_once_the_plan_ran_out_the_backlog_goes_in_shrinking_pieces():
+    from types import SimpleNamespace
+    stage = processes.ProcessStage(TupleFixed(8), 2, None, None, 0, 2)
+    try:
+        going, done = SimpleNamespace(exhausted=False), SimpleNamespace(exhausted=True)
+        for tid, rows in enumerate((8, 8, 8)):  # 24 rows wait besides the one sent now
+            stage._pending[tid] = (done, None, 0, rows, -1, 0.0)
+            stage._backlog.append((tid, None))
+        assert processes.TAIL_SHARE == 0.5
+        assert stage._tail_piece(going, 8) == 8        # more batches will come
+        assert stage._tail_piece(done, 8) == 8         # 32 rows left: 8 a worker
+        stage._backlog.pop(), stage._backlog.pop()
+        assert stage._tail_piece(done, 8) == 4         # 16 left: 4
+        stage._backlog.clear()
+        assert stage._tail_piece(done, 3) == 1         # 3 left: 1 (never 0)
+        stage._dead.add(1)
+        assert stage._tail_piece(done, 8) == 4         # one live worker: half of 8
+    finally:
+        stage.close()
+
+
+class SleepsLong(Sleeps):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        time.sleep(0.005)
+        return torch.tensor([i, i % 7])
+
+
+def test_the_tail_split_in_pieces_keeps_dataloaders_batches(monkeypatch):
+    real, split = processes.ProcessStage._tail_piece, []
+
+    def counting(self, p, rows):
+        piece = real(self, p, rows)
+        if piece < rows:
+            split.append((rows, piece))
+        return piece
+
+    monkeypatch.setattr(processes.ProcessStage, "_tail_piece", counting)
+    ds = SleepsLong()
+    with AsyncLoader(ds, batch_size=16, prefetch=4, execution="processes", timeout=30) as al:
+        got = list(al)
+    assert split, "no task was split at the end of the pass"
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+
+
 def test_rows_the_stage_cannot_take_mid_batch_run_in_threads(monkeypatch):
     """A stage that stops taking rows part way through a batch (it broke): the rest
     of that batch runs in the threads, and the batches are still DataLoader's."""

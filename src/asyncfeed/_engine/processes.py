@@ -78,6 +78,8 @@ QUIET_RETRY_S = 5.0    # ... and, when they did not end, before it tries again
 PROCESS_TASK_S = 0.05  # the work a task sent to a worker aims at (rows_per_process_task)
 WORKER_DEPTH = 2       # tasks a worker holds at once (one running, one queued); the rest
                        # wait in the stage's backlog for the first worker to free up
+TAIL_SHARE = 0.5       # once a pass's plan ran out, a backlog task sent is at most this
+                       # share of the backlog's rows per live worker (ProcessStage._tail_piece)
 _names = itertools.count()
 
 
@@ -489,7 +491,7 @@ class ProcessStage:
         # task id -> (pipeline, batch, lo, hi, worker or -1 while in the backlog, sent at)
         self._pending: dict[int, tuple[Any, Any, int, int, int, float]] = {}
         self._held = [0] * self.num_workers     # tasks sent to each worker, not yet back
-        self._backlog: collections.deque[tuple[int, tuple[Any, ...]]] = collections.deque()
+        self._backlog: collections.deque[tuple[int, str | None]] = collections.deque()  # tid, path
         self._forget: list[str] = []
         self._dead: set[int] = set()
         self._last_layout: Layout | None = None
@@ -574,9 +576,6 @@ class ProcessStage:
         at the end of the pass while the other had none (up to 90 ms of one core
         idle on a 1.3 s pass of workload (c)); held back, they go where a worker
         is free."""
-        layout = b.layout if path is not None else None
-        task = (list(range(lo, hi)), b.indices[lo:hi], path, layout,
-                len(b.bufs[0]) if path is not None and b.bufs else 0)
         with self._lock:
             if not self.usable:
                 return False
@@ -584,11 +583,11 @@ class ProcessStage:
             wid = self._free_worker()
             self._pending[tid] = (p, b, lo, hi, wid, time.perf_counter())
             if wid < 0:
-                self._backlog.append((tid, task))
+                self._backlog.append((tid, path))
                 return True
             self._held[wid] += 1
             forget, self._forget = self._forget, []
-        if not self._send(wid, tid, task, forget):
+        if not self._send(wid, tid, _task(b, lo, hi, path), forget):
             with self._lock:
                 self._pending.pop(tid, None)
                 self._held[wid] -= 1
@@ -623,15 +622,35 @@ class ProcessStage:
                 wid = self._free_worker()
                 if wid < 0:
                     return
-                tid, task = self._backlog.popleft()
+                tid, path = self._backlog.popleft()
                 entry = self._pending.get(tid)
                 if entry is None:  # its pass was dropped
                     continue
-                self._pending[tid] = (*entry[:4], wid, time.perf_counter())
+                p, b, lo, hi = entry[:4]
+                piece = self._tail_piece(p, hi - lo)
+                if piece < hi - lo:  # the rest waits at the head of the backlog
+                    self._pending[tid] = (p, b, lo + piece, hi, -1, entry[5])
+                    self._backlog.appendleft((tid, path))
+                    tid, hi = next(self._ids), lo + piece
+                self._pending[tid] = (p, b, lo, hi, wid, time.perf_counter())
                 self._held[wid] += 1
                 forget, self._forget = self._forget, []
-            if not self._send(wid, tid, task, forget):
+            if not self._send(wid, tid, _task(b, lo, hi, path), forget):
                 return
+
+    def _tail_piece(self, p: Pipeline, rows: int) -> int:
+        """(under the lock) How many of a backlog task's ``rows`` go now: all of them,
+        unless ``p``'s plan has run out (no batch will join the backlog): then the
+        backlog's last rows go in ever smaller pieces, a share of what is left
+        (``TAIL_SHARE`` of it per live worker), so the workers finish together.
+        Whole to the end, the last tasks (about 50 ms each) left one worker idle
+        while the other ran them: on workload (c) the two finished 23-38 ms apart."""
+        if not p.exhausted:
+            return rows
+        left = rows + sum(e[3] - e[2] for e in (self._pending.get(t) for t, _ in self._backlog)
+                          if e is not None)
+        live = max(1, self.num_workers - len(self._dead))
+        return max(1, min(rows, math.ceil(left * TAIL_SHARE / live)))
 
     def _backlog_to_threads(self) -> None:
         """(the stage broke) The backlog's tasks run in their pipelines' threads."""
@@ -842,6 +861,12 @@ def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
             _rows_to_threads(p, b, spans[i:])  # the stage broke mid-batch
             return True
     return True
+
+
+def _task(b: Batch, lo: int, hi: int, path: str | None) -> tuple[Any, ...]:
+    """What a worker gets for rows ``lo..hi`` of ``b`` (see ``_worker_main``)."""
+    return (list(range(lo, hi)), b.indices[lo:hi], path, b.layout if path is not None else None,
+            len(b.bufs[0]) if path is not None and b.bufs else 0)
 
 
 def _rows_to_threads(p: Pipeline, b: Batch, spans: list[tuple[int, int]]) -> None:
