@@ -26,23 +26,24 @@ numpy seeded from the base seed as DataLoader seeds them).
 A worker that dies (a segfault, ``os._exit``, the OOM killer) is noticed within
 a tenth of a second: every row it held fails with :class:`WorkerCrashedError`
 naming those samples, the stage stops taking work (the pipeline goes back to
-its threads, and so do the backlog's tasks) and no one waits forever.  ``close()`` (idempotent) stops the
-workers (terminating, then killing, one that does not exit), joins the results
-thread and unlinks every shared-memory file; the loader closes its stage at
-``close()``, when it is garbage-collected and at interpreter exit.
+its threads, and so do the backlog's tasks) and no one waits forever.
+``close()`` (idempotent) stops the workers (terminating, then killing, one that
+does not exit), joins the results thread and unlinks every shared-memory file;
+the loader closes its stage at ``close()``, when it is garbage-collected and at
+interpreter exit.  A loader killed outright leaves its files to its workers,
+which unlink them as they notice (``remove_segments``).
 """
 
 from __future__ import annotations
 
 import collections
+import io
 import itertools
 import logging
 import math
 import mmap
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
-from multiprocessing.reduction import ForkingPickler
-import io
 import os
 import pickle
 import queue
@@ -54,6 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import numpy as np
