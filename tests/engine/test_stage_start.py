@@ -424,6 +424,49 @@ def test_a_new_stage_removes_the_shared_memory_of_dead_loaders():
                 os.unlink(path)
 
 
+def test_a_held_lease_keeps_a_loaders_files_whatever_its_pid_reads():
+    """A loader in another PID namespace (a container sharing ``/dev/shm``) has a
+    PID this process cannot see: its held lease keeps its files; released (the
+    loader gone), the next stage removes them."""
+    import fcntl
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    group = f"/dev/shm/asyncfeed-{dead.pid}-89abcdef"
+    files = [f"{group}-0", f"{group}-{processes.LEASE}"]
+    for path in files:
+        with open(path, "wb") as f:
+            f.write(b"x" * 64)
+    held = os.open(files[1], os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with AsyncLoader(TupleFixed(32), batch_size=8, execution="processes") as al:
+            list(al)
+        assert all(os.path.exists(p) for p in files), "a live loader's files were removed"
+        os.close(held)
+        held = -1
+        with AsyncLoader(TupleFixed(32), batch_size=8, execution="processes") as al:
+            list(al)
+        assert not any(os.path.exists(p) for p in files), "a gone loader's files survived"
+    finally:
+        if held >= 0:
+            os.close(held)
+        for path in files:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_loaders_lease_is_held_while_it_lives_and_gone_after_close():
+    with AsyncLoader(TupleFixed(32), batch_size=8, execution="processes") as al:
+        it = iter(al)
+        next(it)
+        leases = glob.glob(f"/dev/shm/asyncfeed-{os.getpid()}-*-{processes.LEASE}")
+        assert len(leases) == 1 and not processes._lease_free(leases[0])
+        processes.remove_segments()  # a sweep by another stage spares it
+        assert os.path.exists(leases[0])
+        assert len(list(it)) == 3
+    assert not os.path.exists(leases[0])
+
+
 # ------------------------------------------------------------ inline rows
 class _Noop:
     """Rows that cost nothing: a preallocated array and the index."""

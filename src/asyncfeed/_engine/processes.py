@@ -37,6 +37,7 @@ which unlink them as they notice (``remove_segments``).
 from __future__ import annotations
 
 import collections
+import fcntl
 import io
 import itertools
 import logging
@@ -82,6 +83,7 @@ WORKER_DEPTH = 2       # tasks a worker holds at once (one running, one queued);
                        # wait in the stage's backlog for the first worker to free up
 TAIL_SHARE = 0.5       # once a pass's plan ran out, a backlog task sent is at most this
                        # share of the backlog's rows per live worker (ProcessStage._tail_piece)
+LEASE = "lease"        # the last part of a buffer pool's lease file (see remove_segments)
 _names = itertools.count()
 
 
@@ -127,32 +129,61 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _lease_free(path: str) -> bool:
+    """Whether nobody holds the lease file ``path`` (its loader is gone)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # gone already, or another user's
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its loader (or a worker of it) lives
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def remove_segments(of_pid: int | None = None) -> int:
-    """Unlink the shared-memory files (``asyncfeed-<pid>-...``) of process ``of_pid``,
-    or, with None, of every process that no longer runs; returns how many.
+    """Unlink the shared-memory files (``asyncfeed-<pid>-<token>-...``) of process
+    ``of_pid``, or, with None, of every loader that no longer runs; returns how many.
 
     A loader killed with ``SIGKILL`` cannot unlink its files, and ``/dev/shm`` is
     memory: its workers remove them as they notice it gone (``of_pid``), and
     each new stage removes those of dead loaders whose workers died with them.
-    Unlinking a file some process still maps leaves the mapping valid."""
+    A loader is gone when nobody holds the ``flock`` on its files' lease (see
+    :class:`ShmBuffers`): that holds across PID namespaces (containers sharing
+    ``/dev/shm``, where another loader's PID cannot be seen); files without a
+    lease go when their PID runs no process.  Unlinking a file some process still
+    maps leaves the mapping valid."""
     d = _shm_dir()
     try:
         names = os.listdir(d)
     except OSError:
         return 0
-    gone = 0
+    groups: dict[str, list[str]] = {}
     for name in names:
         parts = name.split("-")
         if len(parts) < 3 or parts[0] != "asyncfeed" or not parts[1].isdigit():
             continue
-        pid = int(parts[1])
-        if (pid != of_pid) if of_pid is not None else _pid_alive(pid):
+        if of_pid is not None and int(parts[1]) != of_pid:
             continue
-        try:
-            os.unlink(os.path.join(d, name))
-            gone += 1
-        except OSError:  # gone already, or another user's
-            pass
+        groups.setdefault("-".join(parts[:3]), []).append(name)
+    gone = 0
+    for group, files in groups.items():
+        if of_pid is None:
+            lease = f"{group}-{LEASE}"
+            if lease in files:
+                if not _lease_free(os.path.join(d, lease)):
+                    continue
+            elif _pid_alive(int(group.split("-")[1])):
+                continue
+        for name in files:
+            try:
+                os.unlink(os.path.join(d, name))
+                gone += 1
+            except OSError:  # gone already, or another user's
+                pass
     return gone
 
 
@@ -171,6 +202,7 @@ class ShmBuffers:
         self._files: set[str] = set()                    # every file not yet unlinked
         # a PID is reused: a token keeps a dead loader's files (same PID) out of the way
         self._prefix = f"asyncfeed-{os.getpid()}-{secrets.token_hex(4)}-"
+        self._lease: int | None = None   # fd of the flock'ed lease (see remove_segments)
 
     def take(self, layout: Layout, rows: int) -> tuple[list[Any], str]:
         """Buffers for ``rows`` samples of ``layout``, and the file they live in."""
@@ -184,6 +216,8 @@ class ShmBuffers:
             return self._allocate(layout)
 
     def _allocate(self, layout: Layout) -> tuple[list[Any], str]:
+        if self._lease is None:
+            self._lease = self._take_lease()
         plan, size = segment_plan(layout, self._rows)
         path = os.path.join(_shm_dir(), f"{self._prefix}{next(_names)}")
         mm = _open_segment(path, size, create=True)
@@ -225,12 +259,27 @@ class ShmBuffers:
                 pass
         self._files.clear()
 
+    def _take_lease(self) -> int:
+        """Create and lock this pool's lease: while this process (or a worker it
+        forked, which shares the lock) lives, no other stage removes its files."""
+        fd = os.open(os.path.join(_shm_dir(), f"{self._prefix}{LEASE}"),
+                     os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+
     def close(self) -> None:
         """Forget every buffer set and unlink every file (idempotent)."""
         with self._lock:
             self._kept = []
             self._paths.clear()
             self._unlink_all()
+            if self._lease is not None:
+                try:
+                    os.unlink(os.path.join(_shm_dir(), f"{self._prefix}{LEASE}"))
+                except FileNotFoundError:
+                    pass
+                os.close(self._lease)
+                self._lease = None
 
 
 # ----------------------------------------------------------------- the worker
