@@ -531,30 +531,6 @@ def test_process_stage_tasks_are_timed_as_decode_by_the_workers():
     assert "2 worker processes" in st.explain()
 
 
-def test_the_probe_quiets_down_once_a_process_stage_takes_the_rows():
-    """Nothing decides on its readings then; its fast wake-ups end too (each takes
-    a core from a worker)."""
-    from asyncfeed._engine.gilprobe import QUIET_BUDGET, QUIET_PERIOD_S
-    with AsyncLoader(Rows(64), batch_size=8, execution="processes") as loader:
-        it = iter(loader)
-        next(it)
-        probe = loader._acct.probe
-        assert (probe.period, probe.budget, probe._fast_until) == \
-            (QUIET_PERIOD_S, QUIET_BUDGET, 0.0)
-        assert len(list(it)) == 7
-    probe = GilProbe(fast_for=60.0)
-    try:
-        probe.start()
-        deadline = time.monotonic() + 5
-        while probe._fast_until == 0.0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert probe._fast_until > time.perf_counter() + 30  # fast for a minute ...
-        probe.quiet_down()
-        assert probe._fast_until == 0.0                       # ... until told
-    finally:
-        probe.close()
-
-
 class _ScriptedProbe(GilProbe):
     """A probe whose waits return at once with scripted figures: (wait, awake)
     per wake-up, recording the sleep each one asked for."""

@@ -129,7 +129,6 @@ class GilProbe:
         # it, to ``FAST_FOR_S``, on a pass whose decision is still to come)
         self.fast_period = fast_period
         self.fast_for = fast_for
-        self._fast_until = 0.0  # (perf_counter) the end of the fast wake-ups
         self.held = 0
         self.probes = 0
         self.awake_s = 0.0  # seconds spent awake waiting for the GIL, in all
@@ -154,11 +153,10 @@ class GilProbe:
         except OSError:
             fd = None
         try:
-            self._fast_until = time.perf_counter() + self.fast_for
+            fast_until = time.perf_counter() + self.fast_for
             awake = 0.0  # the last wake-up's time spent waiting for the GIL
             while not self._stop:
-                period = self.fast_period if time.perf_counter() < self._fast_until \
-                    else self.period
+                period = self.fast_period if time.perf_counter() < fast_until else self.period
                 budget = self.budget
                 if budget is not None and budget > 0:
                     period = max(period, awake / budget)
@@ -197,16 +195,6 @@ class GilProbe:
         late = max(0.0, time.perf_counter() - t0 - seconds)
         lost = time.thread_time() - c0 + _own_run_delay(fd) - d0
         return max(0.0, late - lost), late
-
-    def quiet_down(self) -> None:
-        """Wake every ``QUIET_PERIOD_S`` from the next wake-up on, within
-        ``QUIET_BUDGET``, fast wake-ups or not: nothing decides on the readings
-        any more (a process stage took the pass's rows; only ``stats()`` reads
-        them).  Each wake-up on a machine whose cores the workers keep busy
-        takes a core from one of them."""
-        self.period = QUIET_PERIOD_S
-        self.budget = QUIET_BUDGET
-        self._fast_until = 0.0
 
     @staticmethod
     def pressure(held: int, probes: int) -> float | None:

@@ -330,7 +330,6 @@ class Pipeline(BatchHandoff):
         first = self.stage is None
         if first:  # the samples' capacity is the workers now
             self.acct.gate = None
-            self.acct.probe.quiet_down()  # no thread count to decide on
             self.acct.resources = (Resource("processes", (FETCH, DECODE, ASSEMBLE),
                                             stage.num_workers),
                                    *self.acct.resources[1:])
