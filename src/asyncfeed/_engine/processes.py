@@ -632,12 +632,11 @@ class ProcessStage:
                 return False
             tid = next(self._ids)
             wid = self._free_worker()
-            self._pending[tid] = (p, b, lo, hi, wid, time.perf_counter())
             if wid < 0:
+                self._pending[tid] = (p, b, lo, hi, -1, time.perf_counter())
                 self._backlog.append((tid, path))
                 return True
-            self._held[wid] += 1
-            forget, self._forget = self._forget, []
+            forget = self._assign(tid, p, b, lo, hi, wid)
         if not self._send(wid, tid, _task(b, lo, hi, path), forget):
             with self._lock:
                 self._pending.pop(tid, None)
@@ -654,6 +653,20 @@ class ProcessStage:
                     and (best < 0 or self._held[w] < self._held[best]):
                 best = w
         return best
+
+    def _assign(self, tid: int, p: Pipeline, b: Batch, lo: int, hi: int, wid: int
+                ) -> list[str]:
+        """(under the lock) Task ``tid`` (rows ``lo..hi`` of ``b``) goes to worker
+        ``wid`` now; returns the segments it is to forget, sent with the task."""
+        self._pending[tid] = (p, b, lo, hi, wid, time.perf_counter())
+        self._held[wid] += 1
+        forget, self._forget = self._forget, []
+        return forget
+
+    def task_rows(self, n: int, tuner: Any) -> int:
+        """Rows per task for a batch of ``n`` (``rows_per_process_task`` at
+        :meth:`row_cost`)."""
+        return rows_per_process_task(n, self.num_workers, self.row_cost(tuner))
 
     def _send(self, wid: int, tid: int, task: tuple[Any, ...], forget: list[str]) -> bool:
         try:
@@ -683,9 +696,7 @@ class ProcessStage:
                     self._pending[tid] = (p, b, lo + piece, hi, -1, entry[5])
                     self._backlog.appendleft((tid, path))
                     tid, hi = next(self._ids), lo + piece
-                self._pending[tid] = (p, b, lo, hi, wid, time.perf_counter())
-                self._held[wid] += 1
-                forget, self._forget = self._forget, []
+                forget = self._assign(tid, p, b, lo, hi, wid)
             if not self._send(wid, tid, _task(b, lo, hi, path), forget):
                 return
 
@@ -903,7 +914,7 @@ def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
             b.bufs = bufs
         else:
             path = stage.buffers.path_of(b.bufs)
-    step = rows_per_process_task(b.n, stage.num_workers, stage.row_cost(p.tuner))
+    step = stage.task_rows(b.n, p.tuner)
     spans = [(lo, min(lo + step, b.n)) for lo in range(0, b.n, step)]
     for i, (lo, hi) in enumerate(spans):
         if not stage.submit(p, b, lo, hi, path):
@@ -961,7 +972,7 @@ def take_over_queued(p: Pipeline, stage: ProcessStage) -> int:
             moved += b.n
             continue
         path = stage.buffers.path_of(b.bufs) if b.bufs else None
-        step = rows_per_process_task(b.n, stage.num_workers, stage.row_cost(p.tuner))
+        step = stage.task_rows(b.n, p.tuner)
         chunks = [(lo, min(lo + step, hi0)) for lo0, hi0 in merged
                   for lo in range(lo0, hi0, step)]
         for i, (lo, hi) in enumerate(chunks):
