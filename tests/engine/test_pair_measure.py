@@ -253,6 +253,26 @@ def _own_cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+class _OthersLoad:
+    """The cores other processes kept busy while the block ran (``others``: the
+    machine's busy CPU less this process's and its reaped children's, per second;
+    None where the machine's CPU cannot be read)."""
+
+    others: float | None = None
+
+    def __enter__(self) -> _OthersLoad:
+        self._at = read_machine_idle(), _own_cpu(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (machine0, mine0, t0), machine1 = self._at, read_machine_idle()
+        mine, elapsed = _own_cpu() - mine0, time.monotonic() - t0
+        if machine0 is None or machine1 is None or machine1[1] <= machine0[1]:
+            return
+        idle, total = machine1[0] - machine0[0], machine1[1] - machine0[1]
+        self.others = (1 - idle / total) * (os.cpu_count() or 1) - mine / elapsed
+
+
 def _force_pair(monkeypatch) -> None:
     """Run the pair whatever the machine's load did to the rows measured alone."""
     monkeypatch.setattr(Tuner, "may_pair", lambda self, row_cpu, on_core: True)
@@ -283,20 +303,15 @@ def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
     monkeypatch.setattr(Tuner, "may_pair", may_pair)
     monkeypatch.setattr(Tuner, "paired", paired)
     ds = GilRows()
-    machine0, mine0, t0 = read_machine_idle(), _own_cpu(), time.monotonic()
-    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"), _OthersLoad() as load:
         got, why, _ = _run(ds)
-    machine1, mine1, elapsed = read_machine_idle(), _own_cpu(), time.monotonic() - t0
+    others = load.others
     assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
     assert asked, "the pipeline never asked for a pair"
     if asked[0]:  # the rows measured alone were on a core: the pair ran and was judged
         assert "two threads side by side: " in caplog.text
-    # other processes busy on the cores (their CPU: the machine's busy time less
-    # ours) rightly keep it on threads; else the pair's GIL verdict decides
-    others = None
-    if machine0 is not None and machine1 is not None:
-        idle, total = machine1[0] - machine0[0], machine1[1] - machine0[1]
-        others = (1 - idle / total) * (os.cpu_count() or 1) - (mine1 - mine0) / elapsed
+    # other processes busy on the cores rightly keep it on threads; else the pair's
+    # GIL verdict decides
     if others is None or others <= 0.3:
         assert why.startswith("processes:"), (why, others)
         # on a shared machine the pair may not tell (its second thread started late
@@ -309,11 +324,20 @@ def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["sha", "sleep"])
 def test_gil_free_rows_stay_on_threads(kind, caplog):
+    """On a machine other processes load, GIL-free rows may go to processes: a thread
+    preempted while it holds the GIL stalls the others, which reads as GIL signs
+    (SHA-256 beside a busy process on 2 cores: 0.73-1.05 cores busy, 9-54% of the
+    time waiting, the GIL held 11-29%; 2-3 runs of 5 went to processes).  That is
+    the cheap error -- the rows run in parallel either way -- while its converse
+    (GIL-bound rows left on threads) costs the cores; the rules are not tuned to
+    avoid it there.  Anywhere else they stay on threads."""
     ds = FreeRows(kind)
-    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"), _OthersLoad() as load:
         got, why, _ = _run(ds)
     assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
-    assert why.startswith("threads:"), why
+    if load.others is not None and load.others > 0.3:
+        return  # loaded by other processes: either choice (see above)
+    assert why.startswith("threads:"), (why, load.others)
     assert "gil: two threads side by side" not in caplog.text
 
 
