@@ -180,6 +180,48 @@ def test_threads_beyond_the_gate_take_no_task(late):
     assert most[0] <= 2 and running[0] == 0
 
 
+def test_a_pass_s_first_tasks_run_in_order_at_its_first_limit():
+    """A pass installs its gate after the pool's threads started and lowers the limit
+    before its first submit (a fresh loader's sizing tasks run alone): the tasks
+    run in the order submitted, one at a time.  (Threads that waited in the queue
+    took the first tasks before the gate and put them back at the end: the sizing
+    rows ran out of order, one of them as a 2-row task.)"""
+    pool = TaskPool(4, "asyncfeed-test-admit")
+    time.sleep(0.05)  # every thread started and waiting
+    gate = Gate(4)
+    pool.admit(gate)
+    gate.set_limit(1)
+    order: list[int] = []
+    running, most = [0], [0]
+    lock = threading.Lock()
+    done = threading.Semaphore(0)
+
+    def task(i: int) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            order.append(i)
+        time.sleep(0.002)
+        with lock:
+            running[0] -= 1
+        done.release()
+
+    try:
+        for i in range(8):
+            pool.submit(task, i)
+        for _ in range(8):
+            assert done.acquire(timeout=10)
+    finally:
+        pool.shutdown(wait=True)
+    assert order == list(range(8)) and most[0] == 1, (order, most[0])
+
+
+def test_a_pool_shut_down_before_any_task_lets_its_threads_go():
+    pool = TaskPool(3, "asyncfeed-test-admit")
+    pool.shutdown(wait=True)
+    assert not any(t.is_alive() for t in pool.threads)
+
+
 def test_threads_keep_their_place_until_the_limit_goes_down():
     gate = Gate(3)
     pool = TaskPool(3, "asyncfeed-test-admit", gate=gate)

@@ -22,7 +22,13 @@ object with ``enter``, ``leave`` and ``open``, see ``autotune.Gate``) before it
 takes a task; a thread keeps its place from task to task and leaves when the
 gate says it is over its limit (``over``).  Threads beyond the limit wait
 there, holding no task (a thread already waiting for a task when ``admit`` is
-called puts the task it gets back and goes to the gate).
+called puts the task it gets back, at the end of the queue, and goes to the
+gate).  The threads start up front but take no task before the first
+``submit``: by then a pass has installed its gate and set its first limit, so
+its first tasks run in order, as many at once as that limit says.  (Waiting in
+the queue from the start, they took the first tasks before the gate and put
+them back: a fresh pass's sizing rows, meant to run one a task and alone, ran
+as a 1-row and a 2-row task, and batch 0's first rows last.)
 With the gate inside the task instead, every thread would take a task and park
 with it, and the tasks would go round the threads, one thread hand-off (and
 GIL hand-off) per task even with one thread allowed to run.
@@ -82,6 +88,8 @@ class TaskPool:
         self._resume = threading.Event()
         self._resume.set()
         self._quiet_lock = threading.Lock()
+        self._released = False          # set by the first submit (or shutdown) ...
+        self._go = threading.Event()    # ... which lets the threads take tasks
         self._threads = [threading.Thread(target=self._work, args=(i,),
                                           name=f"{thread_name_prefix}_{i}",
                                           daemon=False) for i in range(n)]
@@ -94,6 +102,7 @@ class TaskPool:
                 self._initializer()
             except Exception:  # noqa: BLE001 - an optimisation, never a reason to fail
                 log.debug("asyncfeed: decode thread initializer failed", exc_info=True)
+        self._go.wait()
         get = self._q.get
         gate: Admission | None = None  # the gate this thread holds a place in
         try:
@@ -206,7 +215,13 @@ class TaskPool:
         if self._shutdown:
             raise RuntimeError("cannot schedule new futures after shutdown")
         self._q.put((fn, args))
+        if not self._released:
+            self._release()
         return True
+
+    def _release(self) -> None:
+        self._released = True
+        self._go.set()
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -223,6 +238,7 @@ class TaskPool:
                     except queue.Empty:
                         break
             self._q.put(_STOP)
+        self._release()  # threads that never had a task go on to take _STOP too
         if wait:
             me = threading.current_thread()
             for t in self._threads:
