@@ -26,11 +26,12 @@ import pytest
 from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader, LoaderTimeout
-from asyncfeed._engine.autotune import (ALONE_ON_CORE, MIN_TASKS, PAIR_CORES,
-                                        PAIR_FREE_CORES, PAIR_GIL_FREE, PAIR_GIL_SURE,
-                                        PAIR_GIL_WAIT,
-                                        PAIR_OVERLAP, PROCESS_MIN_ROW_S,
-                                        WINDOW_S, Tuner, read_machine_idle)
+from asyncfeed._engine.autotune import (ALONE_ON_CORE, GIL_MIN_PROBES, MIN_TASKS,
+                                        PAIR_CONVOYS, PAIR_CONVOY_CORES, PAIR_CONVOY_HELD,
+                                        PAIR_CONVOY_OFF, PAIR_CORES, PAIR_FREE_CORES,
+                                        PAIR_GIL_FREE, PAIR_GIL_SURE, PAIR_GIL_WAIT,
+                                        PAIR_OVERLAP, PROCESS_MIN_ROW_S, WINDOW_S, Tuner,
+                                        read_machine_idle)
 from asyncfeed._engine.pipeline import PAIR_ROUNDS, PAIR_S, Pipeline
 from support.oracle import assert_same_batches
 
@@ -111,19 +112,159 @@ def test_a_gil_reading_by_a_small_margin_is_marginal(wall, cpu, delay, expect):
     assert Tuner.pair_marginal(S, wall, cpu, delay) is expect
 
 
+@pytest.mark.parametrize("span,wall,cpu,delay,expect", [
+    pytest.param(0.0319, 0.0511, 0.0385, 0.0055, True, id="c-14pct-1.21-cores"),
+    pytest.param(S, *_reading(PAIR_GIL_WAIT + 0.05, PAIR_CORES - 0.2), False, id="gil"),
+    pytest.param(S, *_reading(PAIR_GIL_FREE / 2, 1.9), False, id="free"),
+    pytest.param(S, *_reading(0.0, 1.0), True, id="one-core-all-queued"),
+    pytest.param(S, *_reading(PAIR_GIL_WAIT + 0.01, PAIR_CORES + 0.1), True,
+                 id="gil-many-cores"),
+    pytest.param(S, *_reading(0.5, 0.4, overlap=PAIR_OVERLAP * 0.99), False,
+                 id="not-overlapped"),
+    pytest.param(S, 0.02, 0.0100, None, False, id="no-delay"),
+])
+def test_a_pair_reading_neither_the_gil_nor_free_is_undecided(span, wall, cpu, delay, expect):
+    assert Tuner.pair_undecided(span, wall, cpu, delay) is expect
+
+
 @pytest.mark.timeout(60)
-def test_a_marginal_pair_is_measured_again_before_a_verdict(monkeypatch, caplog):
-    """A pair that reads the GIL by a small margin is measured again (up to
-    ``PAIR_ROUNDS`` rounds) before it may fork workers; the last round is judged."""
+@pytest.mark.parametrize("rule,says", [("pair_marginal", "the GIL by a small margin"),
+                                       ("pair_undecided", "neither the GIL nor free")])
+def test_a_pair_read_by_a_small_margin_or_undecided_is_measured_again(monkeypatch, caplog,
+                                                                      rule, says):
+    """A pair that reads the GIL by a small margin, or neither the GIL nor free
+    rows, is measured again (up to ``PAIR_ROUNDS`` rounds) before it may fork
+    workers or leave the pass to the windows; the last round is judged."""
     _force_pair(monkeypatch)
-    monkeypatch.setattr(Tuner, "pair_marginal", staticmethod(lambda *a: True))
+    for name in ("pair_marginal", "pair_undecided"):
+        monkeypatch.setattr(Tuner, name, staticmethod(lambda *a, on=name == rule: on))
+    monkeypatch.setattr(Tuner, "pair_convoy", staticmethod(lambda *a: False))
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
         _gil_pass()
-    again = [r.getMessage() for r in caplog.records
-             if r.name == "asyncfeed" and r.getMessage().endswith("measuring again")]
+    again = _measured_again(caplog)
     assert len(again) == PAIR_ROUNDS - 1, again
-    assert all("the GIL by a small margin" in m for m in again), again
+    assert all(says in m for m in again), again
     assert caplog.text.count("two threads side by side: ") == 1  # one verdict
+
+
+# ---------------------------------------------------------------- convoys
+@pytest.mark.parametrize("span,wall,cpu,expect", [
+    # workload (c) on an idle 2-core machine (GIL hand-offs read as run-queue delay)
+    pytest.param(0.0298, 0.0597, 0.0296, True, id="c-0.99-cores-50pct-off"),
+    pytest.param(0.0211, 0.0369, 0.0256, True, id="c-1.21-cores-31pct-off"),
+    # GIL-free SHA-256 rows there: at most 20% of their time off a core
+    pytest.param(0.0128, 0.0198, 0.0159, False, id="sha-1.24-cores-20pct-off"),
+    pytest.param(0.0106, 0.0142, 0.0119, False, id="sha-1.12-cores-16pct-off"),
+    # literal figures either side of each threshold
+    pytest.param(S, 0.02, 0.0124, True, id="cores-1.24"),
+    pytest.param(S, 0.02, 0.0126, False, id="cores-1.26"),
+    pytest.param(S, 0.02, 0.0141, False, id="off-29.5pct"),
+    pytest.param(S, 0.0178, 0.0124, True, id="off-30.3pct"),
+    pytest.param(S, 0.0129, 0.005, False, id="overlap-1.29"),
+])
+def test_a_convoy_is_about_one_core_busy_and_much_time_off_a_core(span, wall, cpu, expect):
+    assert Tuner.pair_convoy(span, wall, cpu) is expect
+    assert (cpu / span <= PAIR_CONVOY_CORES and (wall - cpu) / wall >= PAIR_CONVOY_OFF
+            and wall >= PAIR_OVERLAP * span) is expect
+
+
+def _probed_tuner(held: int, probes: int) -> Tuner:
+    """A tuner whose pass's GIL probe found the GIL held at ``held`` of ``probes``
+    wake-ups, its rows measured alone."""
+    t = Tuner(size=4, cores=2, adaptive=True, machine_idle=lambda: (0.0, 0.0))
+    counts = iter([(0, 0)] + [(held, probes)] * 100)
+    t.gate_for_pass(run_delay=lambda: 0.0, gil_held=lambda: next(counts))
+    t.sized(4e-3, 0.98)
+    return t
+
+
+def test_paired_marks_the_gil_after_enough_convoys():
+    """One convoy round (the off-core time all queued) says nothing; ``PAIR_CONVOYS``
+    of them, the last among them, mark the GIL whatever the delay reads -- where
+    the GIL probe found the GIL held at ``PAIR_CONVOY_HELD`` of its wake-ups."""
+    wall, cpu = 0.02, 0.01  # 1.0 cores busy, 50% off a core
+    for convoys in range(PAIR_CONVOYS):
+        t = _probed_tuner(5, 10)
+        assert not t.convoys_tell(convoys)
+        assert t.paired(8, S, wall, cpu, wall - cpu, convoys=convoys) is False
+        assert t.processes_why is None
+    t = _probed_tuner(5, 10)
+    assert t.convoys_tell(PAIR_CONVOYS)
+    assert t.paired(8, S, wall, cpu, wall - cpu, convoys=PAIR_CONVOYS) is True
+    assert t.processes_why == ("gil: two threads side by side kept 1.00 cores busy, 50% of "
+                               f"their time off a core, in {PAIR_CONVOYS} rounds; the GIL "
+                               "held at 50% of the probe's wake-ups")
+    # the last round must itself be a convoy: GIL-free figures are judged as read
+    t = _probed_tuner(5, 10)
+    assert t.paired(8, S, *_reading(PAIR_GIL_FREE / 2, 1.9), convoys=PAIR_CONVOYS) is False
+    assert t.processes_why is None and t.pair_free
+    # an earlier verdict stands
+    t = _probed_tuner(5, 10)
+    t.processes_why = "gil: set before"
+    assert t.paired(8, S, wall, cpu, wall - cpu, convoys=PAIR_CONVOYS) is False
+    assert t.processes_why == "gil: set before"
+
+
+@pytest.mark.parametrize("held,probes,tells", [
+    pytest.param(0, 12, False, id="gil-free-jpeg-both-threads-on-one-core"),
+    pytest.param(1, 11, False, id="held-9pct"),
+    pytest.param(1, 9, True, id="held-11pct"),
+    pytest.param(2, 3, False, id="too-few-wake-ups"),
+    pytest.param(5, 9, True, id="c"),
+])
+def test_convoys_tell_only_where_the_probe_found_the_gil_held(held, probes, tells):
+    assert PAIR_CONVOY_HELD == 0.1 and GIL_MIN_PROBES == 4  # the ids above
+    t = _probed_tuner(held, probes)
+    assert t.convoys_tell(PAIR_CONVOYS) is tells
+    assert t.paired(8, S, 0.02, 0.01, 0.01, convoys=PAIR_CONVOYS) is tells
+    assert t.convoys_tell(PAIR_CONVOYS - 1) is False
+    t = Tuner(size=4, cores=2, adaptive=True, machine_idle=lambda: (0.0, 0.0))
+    t.gate_for_pass(run_delay=lambda: 0.0)  # no GIL probe: convoys never tell
+    assert t.convoys_tell(PAIR_CONVOYS + 5) is False
+
+
+def _convoy_pass(monkeypatch, held: float) -> tuple[str, list[int], list[str]]:
+    """A GIL pass whose pair rounds are all queued convoys, the probe reading ``held``:
+    its ``stats().execution`` and the ``convoys`` each verdict was given."""
+    readings = iter(range(1000))  # every round queued the whole time
+    judged: list[int] = []
+    real = Tuner.paired
+
+    def paired(self, rows, span, wall, cpu, delay, convoys=0):
+        judged.append(convoys)
+        return real(self, rows, span, wall, cpu, delay, convoys)
+
+    monkeypatch.setattr(Tuner, "run_delay_now", lambda self: float(next(readings)))
+    monkeypatch.setattr(Tuner, "paired", paired)
+    monkeypatch.setattr(Tuner, "pair_convoy", staticmethod(lambda *a: True))
+    monkeypatch.setattr(Tuner, "_held_share", lambda self: held)
+    _force_pair(monkeypatch)
+    why, _ = _gil_pass()
+    return why, judged
+
+
+@pytest.mark.timeout(60)
+def test_convoys_decide_without_more_rounds(monkeypatch, caplog):
+    """Rounds queued for a core are measured again, but once ``PAIR_CONVOYS`` rounds
+    read a convoy (and the probe found the GIL held) the pair is judged at once
+    (workload (c) on an idle machine otherwise spent its three rounds, and now
+    and then a window of four threads convoying)."""
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        why, judged = _convoy_pass(monkeypatch, held=0.5)
+    again = _measured_again(caplog)
+    assert len(again) == PAIR_CONVOYS - 1, again
+    assert judged == [PAIR_CONVOYS], judged
+    assert why.startswith("processes:") and f"in {PAIR_CONVOYS} rounds" in why, why
+
+
+@pytest.mark.timeout(60)
+def test_convoys_with_the_gil_free_go_on_measuring(monkeypatch, caplog):
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        why, judged = _convoy_pass(monkeypatch, held=0.0)
+    again = _measured_again(caplog)
+    assert len(again) == PAIR_ROUNDS - 1, again
+    assert judged == [PAIR_ROUNDS], judged  # the last round judged as read
+    assert "rounds; the GIL held" not in why, why
 
 
 @pytest.mark.parametrize("wall,cpu", [_reading(0.5, 0.9)[:2], _reading(0.0, 1.9)[:2]])
@@ -273,6 +414,12 @@ class _OthersLoad:
         self.others = (1 - idle / total) * (os.cpu_count() or 1) - mine / elapsed
 
 
+def _measured_again(caplog) -> list[str]:
+    """The pair's "measuring again" debug messages."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "asyncfeed" and r.getMessage().endswith("measuring again")]
+
+
 def _force_pair(monkeypatch) -> None:
     """Run the pair whatever the machine's load did to the rows measured alone."""
     monkeypatch.setattr(Tuner, "may_pair", lambda self, row_cpu, on_core: True)
@@ -296,8 +443,8 @@ def test_gil_bound_rows_go_to_processes_after_the_pair(monkeypatch, caplog):
     verdicts: list[bool] = []
     real_paired = Tuner.paired
 
-    def paired(self, rows, span, wall, cpu, delay):
-        verdicts.append(real_paired(self, rows, span, wall, cpu, delay))
+    def paired(self, rows, span, wall, cpu, delay, convoys=0):
+        verdicts.append(real_paired(self, rows, span, wall, cpu, delay, convoys))
         return verdicts[-1]
 
     monkeypatch.setattr(Tuner, "may_pair", may_pair)
@@ -345,7 +492,7 @@ def test_gil_free_rows_stay_on_threads(kind, caplog):
 def test_a_failing_pair_verdict_leaves_no_thread_parked(monkeypatch, caplog):
     calls: list[tuple[int, float, float]] = []
 
-    def fails(self, rows, span, wall, cpu, delay):
+    def fails(self, rows, span, wall, cpu, delay, convoys=0):
         calls.append((rows, span, wall))
         raise RuntimeError("the pair verdict failed (test)")
 
@@ -384,7 +531,7 @@ def test_a_gil_verdict_holds_the_threads_until_the_stage_started(monkeypatch):
     """The consumer waits for the first batch (64 rows of 1 ms) while the pair runs:
     a GIL verdict leaves the gate at 0 until the consumer has started the stage,
     which then lets the threads go (they hand their queued tasks to it)."""
-    def gil(self, rows, span, wall, cpu, delay):
+    def gil(self, rows, span, wall, cpu, delay, convoys=0):
         self.processes_why = "gil: two threads side by side (set by the test)"
         return True
 
@@ -411,17 +558,18 @@ def test_a_pair_queued_for_a_core_is_measured_again_up_to_pair_rounds(monkeypatc
     judged: list[tuple[float, float, float, float | None]] = []
     real = Tuner.paired
 
-    def paired(self, rows, span, wall, cpu, delay):
+    def paired(self, rows, span, wall, cpu, delay, convoys=0):
         judged.append((span, wall, cpu, delay))
-        return real(self, rows, span, wall, cpu, delay)
+        return real(self, rows, span, wall, cpu, delay, convoys)
 
     monkeypatch.setattr(Tuner, "run_delay_now", lambda self: float(next(readings)))
     monkeypatch.setattr(Tuner, "paired", paired)
+    # no round reads a convoy (test_convoys_decide_without_more_rounds covers them)
+    monkeypatch.setattr(Tuner, "pair_convoy", staticmethod(lambda *a: False))
     _force_pair(monkeypatch)
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
         _, tuner = _gil_pass()
-    again = [r.getMessage() for r in caplog.records
-             if r.name == "asyncfeed" and r.getMessage().endswith("measuring again")]
+    again = _measured_again(caplog)
     assert len(again) == PAIR_ROUNDS - 1, again
     assert all("waited 1000.0 ms for a core" in m for m in again), again
     # the last round is judged anyway: its off-core time, all queueing, is not the GIL

@@ -118,8 +118,17 @@ PAIR_CORES = 1.6           # their task time waiting for the GIL, keeping at mos
                            # cores busy: the GIL holds the per-sample function
 PAIR_GIL_FREE = 0.08       # ... under this share, keeping at least PAIR_FREE_CORES busy:
 PAIR_FREE_CORES = 1.3      # the GIL does not (no one-window GIL rule); with about one core
-                           # busy and the off-core time all queued the pair cannot tell
-                           # (a busy machine: GIL hand-offs read as run-queue delay)
+                           # busy and the off-core time all queued one round cannot tell
+                           # (GIL hand-offs read as run-queue delay; so do other processes)
+PAIR_CONVOY_CORES = 1.25   # a round whose two threads kept at most this many cores busy ...
+PAIR_CONVOY_OFF = 0.3      # ... and spent this share of their task time off a core (queued
+                           # or waiting for the GIL) is a convoy; PAIR_CONVOYS of them mark
+PAIR_CONVOYS = 2           # the GIL where the GIL probe found it held in PAIR_CONVOY_HELD
+PAIR_CONVOY_HELD = 0.1     # of its wake-ups (at least GIL_MIN_PROBES) since the pass began:
+                           # (c) read 0.97-1.21 cores, 31-50% off a core, queued (GIL
+                           # hand-offs), the GIL held at 18-56% of the wake-ups; GIL-free
+                           # JPEG decoding, both threads on one core for 40 ms in 3 runs
+                           # of 15, 0.97-0.99 cores, 44-47% off a core, held at none of 9-12
 PAIR_GIL_SURE = 0.25       # a GIL reading under this wait share is measured again while
                            # rounds remain (GIL-free hashing on a loaded machine read 16%)
 PAIR_OVERLAP = 1.3         # task time (summed) per second of the pair's span below which
@@ -355,8 +364,46 @@ class Tuner:
         return shares is not None and PAIR_GIL_WAIT <= shares[0] < PAIR_GIL_SURE \
             and shares[1] <= PAIR_CORES
 
+    @classmethod
+    def pair_undecided(cls, span: float, wall: float, cpu: float,
+                       delay: float | None) -> bool:
+        """Whether a pair measure that ran side by side reads neither the GIL nor
+        GIL-free rows (see :meth:`paired`): say a wait share of 8-15% with 1.2
+        cores busy.  The pipeline measures it again while it has rounds left (on
+        workload (c) such a first round left the pass to four threads convoying
+        on the GIL for 100 ms before a window's rule found it)."""
+        shares = cls.pair_shares(span, wall, cpu, delay)
+        if shares is None or not cls.pair_overlapped(span, wall):
+            return False
+        gil, used = shares
+        return not (gil >= PAIR_GIL_WAIT and used <= PAIR_CORES) \
+            and not (gil < PAIR_GIL_FREE and used >= PAIR_FREE_CORES)
+
+    @staticmethod
+    def pair_convoy(span: float, wall: float, cpu: float) -> bool:
+        """Whether a pair round (see :meth:`paired`) read a convoy: its two threads ran
+        side by side (:meth:`pair_overlapped`) yet kept at most ``PAIR_CONVOY_CORES``
+        cores busy, off a core ``PAIR_CONVOY_OFF`` of their task time, however that
+        time splits between the run queue and the GIL.  One such round cannot tell
+        the GIL (its hand-offs wake a thread onto the core of the one that woke it:
+        run-queue delay) from other processes taking the cores, or the scheduler
+        putting both threads on one core for a while; ``PAIR_CONVOYS`` of them can."""
+        return (Tuner.pair_overlapped(span, wall) and cpu <= PAIR_CONVOY_CORES * span
+                and wall - cpu >= PAIR_CONVOY_OFF * wall)
+
+    def convoys_tell(self, convoys: int) -> bool:
+        """Whether ``convoys`` pair rounds that read a convoy (:meth:`pair_convoy`) are
+        enough to judge the GIL without more rounds: ``PAIR_CONVOYS`` of them, the
+        GIL probe having found the GIL held at ``PAIR_CONVOY_HELD`` of its wake-ups
+        since the pass began (GIL-free rows whose two threads the scheduler kept on
+        one core read as a convoy too, but leave the GIL free)."""
+        if convoys < PAIR_CONVOYS:
+            return False
+        held = self._held_share()
+        return held is not None and held >= PAIR_CONVOY_HELD
+
     def paired(self, rows: int, span: float, wall: float, cpu: float,
-               delay: float | None) -> bool:
+               delay: float | None, convoys: int = 0) -> bool:
         """Two threads ran tasks side by side for ``span`` seconds (after the rows
         measured alone, see :meth:`sized`): ``rows`` rows in tasks that took
         ``wall`` seconds and ``cpu`` seconds of CPU in all, the decode threads
@@ -365,8 +412,22 @@ class Tuner:
         ``PAIR_CORES`` cores busy and waited, neither on a core nor queued for
         one, ``PAIR_GIL_WAIT`` of its task time (GIL-free rows keep two cores
         busy; rows measured alone were on a core, so the wait is not I/O).
-        True if it did.  Workload (c) decides here ~30 ms into its first pass,
-        instead of after a 40 ms window of four threads convoying on the GIL."""
+        ``convoys``: the pass's rounds, this one included, that read a convoy
+        (:meth:`pair_convoy`); where they tell (:meth:`convoys_tell`) and this
+        round is one of them, they mark the GIL too, whatever the run-queue delay
+        says.  True if it did.  Workload (c) decides here ~30 ms into its first
+        pass, instead of after a 40 ms window of four threads convoying on the GIL."""
+        if self.pair_convoy(span, wall, cpu) and self.convoys_tell(convoys):
+            held = self._held_share()
+            with self._lock:
+                if self.processes_why is not None:
+                    return False
+                self.processes_why = (
+                    f"gil: two threads side by side kept {cpu / span:.2f} cores busy, "
+                    f"{(wall - cpu) / wall:.0%} of their time off a core, in {convoys} "
+                    f"rounds; the GIL held at {held or 0.0:.0%} of the probe's wake-ups")
+            log.debug("asyncfeed: %s", self.processes_why)
+            return True
         shares = self.pair_shares(span, wall, cpu, delay)
         if shares is None:
             return False

@@ -69,10 +69,11 @@ class _Pairing:
     """Tasks run side by side after the sizing ones (see :meth:`Pipeline.sized`)."""
 
     def __init__(self, row_cpu: float, on_core: float, delay0: float | None,
-                 round: int = 1) -> None:
+                 round: int = 1, convoys: int = 0) -> None:
         self.row_cpu = row_cpu   # the rows measured alone
         self.on_core = on_core
         self.round = round
+        self.convoys = convoys   # earlier rounds that read a convoy (Tuner.pair_convoy)
         self.t0 = time.perf_counter()
         self.delay0 = delay0     # the decode threads' run-queue delay then
         self.closed = False      # no task starts after this (the gate is at 0)
@@ -387,7 +388,10 @@ class Pipeline(BatchHandoff):
     def sized(self, rows: int, wall: float, cpu: float) -> None:
         """A task that ran alone (see :meth:`_start_sizing`) loaded ``rows`` rows in
         ``wall`` seconds using ``cpu`` seconds (decode thread).  After
-        ``SIZING_TASKS`` of them: rows cheaper than ``INLINE_ROW_CPU_S`` (at least
+        ``SIZING_TASKS`` of them (one row each), or one more where those rows cost
+        less than ``TINY_ROW_CPU_S`` (the next task, of many rows, reads a warm
+        row's cost: see below), by the least CPU a row took in any of them: rows
+        cheaper than ``INLINE_ROW_CPU_S`` (at least
         ``TINY_ON_CORE`` of the time on a core) are loaded by the consumer while it
         waits, no thread running (``Tuner.run_inline``); tiny rows (less CPU than
         ``TINY_ROW_CPU_S``) make the tuner run one thread for ``TINY_HOLD`` rounds
@@ -399,6 +403,13 @@ class Pipeline(BatchHandoff):
                 return
             got.append((rows, wall, cpu))
             if len(got) < SIZING_TASKS:
+                return
+            if len(got) == SIZING_TASKS and all(r == 1 for r, _, _ in got) \
+                    and min(c for _, _, c in got) < TINY_ROW_CPU_S:
+                # cheap rows, read one at a time: the readings are mostly the first
+                # runs of cold code (a no-op row read 5-8 us in its first two one-row
+                # tasks, 2 us from the sixth on); the next task, of many rows, alone
+                # too, says what a row costs once warm
                 return
             self.sizing = None
         row_cpu = min(c / r for r, _, c in got)
@@ -499,23 +510,28 @@ class Pipeline(BatchHandoff):
         delay = None if end is None or pr.delay0 is None else end - pr.delay0
         queued = delay is not None and delay >= PAIR_QUEUED * pr.wall
         marginal = tuner.pair_marginal(span, pr.wall, pr.cpu, delay)
-        if (queued or marginal or not tuner.pair_overlapped(span, pr.wall)) \
-                and pr.round < PAIR_ROUNDS:
+        undecided = tuner.pair_undecided(span, pr.wall, pr.cpu, delay)
+        convoys = pr.convoys + tuner.pair_convoy(span, pr.wall, pr.cpu)
+        if (queued or marginal or undecided or not tuner.pair_overlapped(span, pr.wall)) \
+                and pr.round < PAIR_ROUNDS and not tuner.convoys_tell(convoys):
             # woken by a thread still running, the other thread was queued on that
             # thread's core (the scheduler moves it within a few milliseconds), or
             # started too late to overlap it: the pair says nothing about the GIL yet;
-            # or it read the GIL by a small margin only: once more before a fork
+            # or it read the GIL by a small margin only, or neither the GIL nor free:
+            # once more, unless its convoys already tell (Tuner.convoys_tell)
             log.debug("asyncfeed: two threads side by side waited %.1f ms for a core, "
-                      "%.1f ms of tasks in %.1f ms%s: measuring again",
-                      (delay or 0.0) * 1e3, pr.wall * 1e3, span * 1e3,
-                      ", the GIL by a small margin" if marginal else "")
+                      "%.1f ms of tasks (%.1f ms on a core) in %.1f ms%s: measuring again",
+                      (delay or 0.0) * 1e3, pr.wall * 1e3, pr.cpu * 1e3, span * 1e3,
+                      ", the GIL by a small margin" if marginal
+                      else ", neither the GIL nor free" if undecided else "")
             with self.cond:
                 if not self.stopping:
-                    self.pairing = _Pairing(pr.row_cpu, pr.on_core, end, pr.round + 1)
+                    self.pairing = _Pairing(pr.row_cpu, pr.on_core, end, pr.round + 1,
+                                            convoys)
                     gate.set_limit(PAIR_THREADS)
                     return
         tuner.sized(pr.row_cpu, pr.on_core)
-        if tuner.paired(pr.rows, span, pr.wall, pr.cpu, delay) and consumer_waits:
+        if tuner.paired(pr.rows, span, pr.wall, pr.cpu, delay, convoys=convoys) and consumer_waits:
             with self.cond:
                 self._gate_held = True
             if self.want_stage():
