@@ -19,6 +19,7 @@ import pytest
 from asyncfeed._bench import synthetic as _synthetic
 from asyncfeed._bench import contenders
 from asyncfeed._bench.child import _slope
+from asyncfeed._bench.report import QUICK_NOTICE
 from asyncfeed._bench.runner import Bench, Settings, default_threads, default_workers
 from asyncfeed._bench.tuning import knee
 from asyncfeed._bench.workloads import gil_bound_transform, sample_order
@@ -244,6 +245,7 @@ def test_a_default_measured_again_explicitly_is_pooled_as_twins(tmp_path):
 
 def test_quick_run_has_the_added_workloads_and_a_headline(quick):
     out, data = quick["proc"].stdout, quick["json"]
+    assert QUICK_NOTICE in out  # its ratios are start-up costs, and it says so
     for head in ("headline:", "(f) CIFAR-like", "(g) PIL decode", "(overhead)", "(ceiling)"):
         assert head in out
     summ = data["summary"]

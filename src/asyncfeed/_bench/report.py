@@ -50,6 +50,13 @@ def _ds_tag(row: dict) -> str:
     return {"folder": "folder", "ram": "in-RAM", "gil": "folder+py"}.get(row["dataset"], "")
 
 
+#: printed under a ``--quick`` run's header: its ratios are not a comparison
+QUICK_NOTICE = ("--quick: a smoke run (few samples, small batches, one round): each "
+                "loader's start-up (forks, imports, the first pass's measuring) is most of "
+                "every epoch, so its ratios say nothing about speed; run without --quick to "
+                "compare loaders.")
+
+
 def render(results: dict) -> str:
     """The human-readable report (what the terminal shows at the end)."""
     m, s, summ = results["machine"], results["settings"], results["summary"]
@@ -71,6 +78,8 @@ def render(results: dict) -> str:
               f"{s['repeats']} rounds for (a) and (b), {other} for the rest")
     parts.append(f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {rounds} "
                  f"(interleaved), figures are medians; {desc}")
+    if s.get("quick"):
+        parts.append(QUICK_NOTICE)
     parts.append("* = the loader's defaults (no tuning).  samples/s: the whole epoch, from "
                  "building the loader to the last batch; CPU: every process of the run.")
     parts.append(f"~ = every run of that row was disturbed by other load (> "
