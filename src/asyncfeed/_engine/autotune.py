@@ -368,16 +368,19 @@ class Tuner:
     def pair_undecided(cls, span: float, wall: float, cpu: float,
                        delay: float | None) -> bool:
         """Whether a pair measure that ran side by side reads neither the GIL nor
-        GIL-free rows (see :meth:`paired`): say a wait share of 8-15% with 1.2
-        cores busy.  The pipeline measures it again while it has rounds left (on
-        workload (c) such a first round left the pass to four threads convoying
-        on the GIL for 100 ms before a window's rule found it)."""
+        GIL-free rows (see :meth:`paired`) with fewer than ``PAIR_FREE_CORES``
+        cores busy: say a wait share of 14% with 1.21 cores.  The pipeline
+        measures it again while it has rounds left (on workload (c) such a first
+        round left the pass to four threads convoying on the GIL for 100 ms
+        before a window's rule found it).  A reading with more cores busy is
+        of mostly free rows and is judged as read: measured again, a first round
+        of workload (g) at 8% and 1.57 cores was followed, on a busy machine, by
+        one at 16% and 0.96 cores, and the pass went to processes."""
         shares = cls.pair_shares(span, wall, cpu, delay)
         if shares is None or not cls.pair_overlapped(span, wall):
             return False
         gil, used = shares
-        return not (gil >= PAIR_GIL_WAIT and used <= PAIR_CORES) \
-            and not (gil < PAIR_GIL_FREE and used >= PAIR_FREE_CORES)
+        return gil < PAIR_GIL_WAIT and used < PAIR_FREE_CORES
 
     @staticmethod
     def pair_convoy(span: float, wall: float, cpu: float) -> bool:
