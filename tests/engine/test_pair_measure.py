@@ -226,7 +226,7 @@ def test_convoys_tell_only_where_the_probe_found_the_gil_held(held, probes, tell
     assert t.convoys_tell(PAIR_CONVOYS + 5) is False
 
 
-def _convoy_pass(monkeypatch, held: float) -> tuple[str, list[int], list[str]]:
+def _convoy_pass(monkeypatch, held: float) -> tuple[str, list[int]]:
     """A GIL pass whose pair rounds are all queued convoys, the probe reading ``held``:
     its ``stats().execution`` and the ``convoys`` each verdict was given."""
     readings = iter(range(1000))  # every round queued the whole time

@@ -27,6 +27,7 @@ from asyncfeed import AsyncLoader
 from asyncfeed._engine import processes
 from asyncfeed._engine.autotune import MIN_TASKS, WINDOW_S, Gate, Tuner, read_machine_idle
 from asyncfeed._engine.exithooks import OpenSet
+from asyncfeed._engine.pipeline import SIZING_TASKS, TINY_ROW_CPU_S, Pipeline
 from asyncfeed._engine.taskpool import TaskPool
 from support.oracle import TupleFixed, assert_same_batches
 
@@ -531,7 +532,6 @@ class _Spin:
 def _sizing_reads(monkeypatch, ds, batch_size: int) -> list[int]:
     """The rows of each task the first pass of a fresh loader over ``ds`` counted
     in its sizing (``Pipeline.sized`` while the sizing is open)."""
-    from asyncfeed._engine.pipeline import Pipeline
     rows: list[int] = []
     real = Pipeline.sized
 
@@ -549,7 +549,6 @@ def _sizing_reads(monkeypatch, ds, batch_size: int) -> list[int]:
 def test_cheap_rows_are_sized_by_a_task_of_many_rows_too(monkeypatch):
     """Two one-row tasks read mostly cold code on cheap rows (a no-op row 5-8 us,
     2 us once warm): their sizing waits for the next task, of many rows."""
-    from asyncfeed._engine.pipeline import SIZING_TASKS
     rows = _sizing_reads(monkeypatch, _Noop(640), 64)
     assert rows[:SIZING_TASKS] == [1] * SIZING_TASKS and len(rows) == SIZING_TASKS + 1, rows
     assert rows[-1] > 1, rows
@@ -558,7 +557,6 @@ def test_cheap_rows_are_sized_by_a_task_of_many_rows_too(monkeypatch):
 def test_dear_rows_are_sized_by_their_one_row_tasks(monkeypatch):
     """Rows dearer than ``TINY_ROW_CPU_S`` (here 2 ms): two one-row tasks decide, no
     row-heavy task runs alone before the threads go."""
-    from asyncfeed._engine.pipeline import SIZING_TASKS, TINY_ROW_CPU_S
     assert TINY_ROW_CPU_S < 2e-3
     rows = _sizing_reads(monkeypatch, _Spin(64, 2000), 16)
     assert rows == [1] * SIZING_TASKS, rows
