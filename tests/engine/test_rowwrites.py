@@ -81,6 +81,43 @@ def test_write_rows_writes_the_bytes_write_row_writes(kind, bulk):
     assert_same_buffers(a, b)
 
 
+@pytest.mark.parametrize("own", [False, True])
+@pytest.mark.parametrize("n", [6, 4])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_assemble_builds_what_the_collate_walk_builds(kind, n, own):
+    """The shortcut for flat tuples and single leaves against default_collate's walk."""
+    samples = [KINDS[kind](i) for i in range(6)]
+    layout = Layout.infer(samples[0])
+    bufs = layout.allocate(6)
+    views = layout.numpy_views(bufs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.from_numpy on a read-only array warns
+        for row, sample in enumerate(samples):
+            layout.write_row(bufs, row, sample, views)
+    got = layout.assemble(bufs, n, own=own)
+    walk = Layout(layout.skeleton, layout.specs)
+    walk._flat_tuple = False                      # what every other skeleton goes through
+    leaf = walk.skeleton
+    if type(leaf).__name__ == "_Leaf":
+        walk.skeleton = [leaf]                    # (a single leaf, walked inside a list)
+        want = walk.assemble(bufs, n)[0]
+    else:
+        want = walk.assemble(bufs, n)
+    assert type(got) is type(want)
+    for g, w in zip(got if isinstance(got, (list, tuple)) else [got],
+                    want if isinstance(want, (list, tuple)) else [want], strict=True):
+        assert type(g) is type(w)
+        if isinstance(w, torch.Tensor):
+            assert g.shape == w.shape and torch.equal(g, w)
+        else:
+            assert g == w
+    # a batch's own buffers of exactly n rows go out as they are, others as slices
+    tensors = [b for b in bufs if isinstance(b, torch.Tensor)]
+    out = [x for x in (got if isinstance(got, (list, tuple)) else [got])
+           if isinstance(x, torch.Tensor)]
+    assert out and all(any(o is t for t in tensors) is (own and n == 6) for o in out)
+
+
 def test_write_rows_declines_a_run_it_cannot_write_as_one():
     samples = [(_rng_img(i, (3, 4)), i) for i in range(4)]
     layout = Layout.infer(samples[0])

@@ -169,6 +169,34 @@ def test_trim_keeps_buffers_in_use_and_the_free_ones_asked_for():
     del held
 
 
+def test_lent_views_write_the_lent_buffers_and_keep_the_set_busy():
+    layout = layout_of((np.zeros((2, 3), np.int16), 1))
+    pool = HostBufferPool(capacity=2)
+    bufs, views = pool.take_views(layout, 4)
+    views[0][1] = 7                               # written through the kept NumPy view
+    views[1][:] = [5, 6, 7, 8]
+    assert int(bufs[0][1].sum()) == 42 and bufs[1].tolist() == [5, 6, 7, 8]
+    ptr = bufs[0].data_ptr()
+    del views                                     # the lent buffers keep it busy
+    other, _ = pool.take_views(layout, 4)
+    assert other[0].data_ptr() != ptr
+    del bufs, other
+    again, _ = pool.take_views(layout, 4)         # both free: a kept set again
+    assert pool.reused == 1 and pool.allocated == 2
+    assert again[0].data_ptr() in (ptr, pool._kept[1].tensors[0].data_ptr())
+
+
+def test_a_batch_reshaped_in_place_leaves_later_batches_as_they_were():
+    ds = TupleFixed(n=16 * 12)
+    want = DataLoader(ds, batch_size=16)
+    with AsyncLoader(ds, batch_size=16, num_threads=1) as al:
+        for got, ref in zip(al, want, strict=True):
+            assert_same(got, ref)
+            got[0].unsqueeze_(0)                  # the user's own tensor: its metadata only
+            got[1].t_()
+        assert al._host_pool.reused > 0           # later batches had the same memory
+
+
 @pytest.fixture
 def gc_off():
     """The garbage collector off: only plain reference counting frees batches."""

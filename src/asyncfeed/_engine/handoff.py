@@ -83,8 +83,9 @@ class BatchMemory(Protocol):
         """The slot ring for batches of ``layout`` and up to ``rows`` rows (None: no ring)."""
         ...
 
-    def host_buffers(self, layout: Layout, rows: int) -> list[Any]:
-        """Host buffers for one batch of ``rows`` rows."""
+    def host_buffers(self, layout: Layout, rows: int) -> tuple[list[Any], list[Any]]:
+        """Host buffers for one batch of ``rows`` rows, and their NumPy views
+        (``Layout.numpy_views``)."""
         ...
 
 

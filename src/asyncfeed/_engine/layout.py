@@ -60,6 +60,9 @@ class Layout:
         # the first array leaf: where a dataset's decode_into writes directly
         self.primary = next((j for j, s in enumerate(specs)
                              if s.kind in ("tensor", "ndarray")), None)
+        # a plain tuple of leaves (an (image, label) sample): assembled without
+        # default_collate's walk (see assemble)
+        self._flat_tuple = type(skeleton) is tuple and all(type(x) is _Leaf for x in skeleton)
 
     @classmethod
     def infer(cls, sample: Any) -> Layout | None:
@@ -162,11 +165,23 @@ class Layout:
                 leaves.append(buf[row].clone())
         return self.unflatten(leaves)
 
-    def assemble(self, bufs: list[Any], n: int | None = None) -> Any:
-        """The batch, structured as ``default_collate`` would build it."""
+    def assemble(self, bufs: list[Any], n: int | None = None, own: bool = False) -> Any:
+        """The batch, structured as ``default_collate`` would build it, of the first
+        ``n`` rows of ``bufs`` (all of them: None).  With ``own`` (the tensors in
+        ``bufs`` are this batch's alone, aliases lent for it), buffers of exactly
+        ``n`` rows are handed out as they are rather than sliced: a slice is one
+        more tensor call a batch, 40 us where the thread's caches hold the data
+        set's code."""
         if n is not None:
-            bufs = [b[:n] for b in bufs]
+            bufs = [b if own and len(b) == n else b[:n] for b in bufs]
         specs = self.specs
+        skel = self.skeleton
+        if type(skel) is _Leaf:
+            return bufs[skel.j]
+        if self._flat_tuple:
+            # what the walk below builds for a tuple: a list, a string leaf as a tuple
+            return [tuple(bufs[x.j]) if specs[x.j].kind == "list" else bufs[x.j]
+                    for x in skel]
 
         def leaf(batch: Any, *, collate_fn_map: Any = None) -> Any:
             # ``batch`` holds this leaf as default_collate would pass its column: a

@@ -682,8 +682,7 @@ class Pipeline(BatchHandoff):
             with self.cond:
                 if b.bufs is None:
                     assert b.layout is not None  # a ring batch's layout is known
-                    bufs = self.memory.host_buffers(b.layout, b.n)
-                    b.views = b.layout.numpy_views(bufs)
+                    bufs, b.views = self.memory.host_buffers(b.layout, b.n)
                     b.bufs = bufs
         return b.bufs
 
@@ -728,7 +727,9 @@ class Pipeline(BatchHandoff):
             elif b.error is None and not b.failures:
                 if b.mode == "ring" and not b.mismatch:
                     assert b.layout is not None and b.bufs is not None  # a ring batch's layout is known
-                    host = b.layout.assemble(b.bufs, b.n)
+                    # a slot's tensors are the ring's; the pool's and the stage's
+                    # buffers are lent to this batch alone
+                    host = b.layout.assemble(b.bufs, b.n, own=b.slot is None)
                     b.samples = [None] * b.n  # rows hold the data now
                     b.views = None
                 else:
@@ -746,15 +747,14 @@ class Pipeline(BatchHandoff):
         ``default_collate``), else with the collate function."""
         layout = self.layouts.layout
         if b.mode == "collate" and self.ring_ok and layout is not None:
-            bufs = self.memory.host_buffers(layout, b.n)
-            views = layout.numpy_views(bufs)
+            bufs, views = self.memory.host_buffers(layout, b.n)
             try:
                 for row, sample in enumerate(b.samples):
                     layout.write_row(bufs, row, sample, views)
             except LayoutMismatch:
                 pass
             else:
-                return layout.assemble(bufs, b.n)
+                return layout.assemble(bufs, b.n, own=True)
         return self.collate(b.samples)
 
 

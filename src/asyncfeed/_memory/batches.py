@@ -41,9 +41,10 @@ class LoaderMemory:
     def _rows(self, rows: int) -> int:
         return max(rows, self.batch_size or rows)
 
-    def host_buffers(self, layout: Layout, rows: int) -> list[Any]:
-        """Host buffers for a batch of ``rows``: reused once nobody holds them."""
-        return self.pool.take(layout, self._rows(rows))
+    def host_buffers(self, layout: Layout, rows: int) -> tuple[list[Any], list[Any]]:
+        """Host buffers for a batch of ``rows`` (reused once nobody holds them) and
+        their NumPy views (``Layout.numpy_views``)."""
+        return self.pool.take_views(layout, self._rows(rows))
 
     def ring(self, layout: Layout, rows: int) -> SlotRing | None:
         """The slot ring (None without one), made once the layout is known and remade
