@@ -1,18 +1,35 @@
 """``num_threads=1`` against ``DataLoader(num_workers=0)`` on bench workload (f)
-(the CIFAR-like set, batch 128), in one process, epochs alternating A B A B:
-the target of issue 15's "cheap per-sample path".  Epochs in one process share
-the machine's state, which moves between processes by more than the effect.
+(the CIFAR-like set, batch 128), in one process, epochs alternating (the order
+turns each round): the target of issue 15's "cheap per-sample path".  Epochs in
+one process share the machine's state, which moves between processes by more
+than the effect (fresh processes on the 2-core VM differ by up to 15%).
 
-    PYTHONPATH=src python bench/one_thread_ab.py 12          # 12 rounds
-    PYTHONPATH=src python bench/one_thread_ab.py 12 probe20  # the GIL probe at 20 ms
+    PYTHONPATH=src python bench/one_thread_ab.py 36                          # 36 rounds
+    PYTHONPATH=src python bench/one_thread_ab.py 36 --samples 20000
+    PYTHONPATH=src python bench/one_thread_ab.py 36 --tree /tmp/old/src      # a third side
+    PYTHONPATH=src python bench/one_thread_ab.py 12 --probe20
 
-``probe20`` wakes the GIL probe every 20 ms, as before it slowed to 100 ms for
-a pinned thread count.  Prints each side's median epoch rate and their ratio.
+Each epoch builds its loader afresh (as a training script's ``for epoch`` does
+with ``iter()``).  ``--tree`` imports another tree's ``asyncfeed`` (a copy of
+its ``src/asyncfeed`` under another package name, in a temporary directory) and
+runs it as a third side.  ``--probe20`` wakes the GIL probe every 20 ms, as
+before it slowed to 100 ms for a pinned thread count.  Prints each side's
+median epoch rate and the median of the per-round ratios.
 """
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from asyncfeed import AsyncLoader
@@ -20,30 +37,60 @@ from asyncfeed._bench.workloads import CifarLike
 from asyncfeed._engine import loader as _loader
 
 
-def rate(loader) -> float:
+def _other_tree(src: str, into: str) -> Any:
+    """``AsyncLoader`` of the tree at ``src`` (its ``src/`` folder), imported as
+    ``asyncfeed_other`` (the package imports itself relatively)."""
+    shutil.copytree(Path(src) / "asyncfeed", Path(into) / "asyncfeed_other")
+    sys.path.insert(0, into)
+    return importlib.import_module("asyncfeed_other").AsyncLoader
+
+
+def _epoch(side: Any, ds: CifarLike, order: list[int]) -> float:
     t0, n = time.perf_counter(), 0
-    for _, y in loader:
-        n += len(y)
+    if side is None:
+        for _, y in torch.utils.data.DataLoader(ds, batch_size=128, sampler=order):
+            n += len(y)
+    else:
+        with side(ds, batch_size=128, sampler=order, num_threads=1) as loader:
+            for _, y in loader:
+                n += len(y)
     return n / (time.perf_counter() - t0)
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    if "probe20" in sys.argv[2:]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("rounds", type=int, nargs="?", default=36)
+    ap.add_argument("--samples", type=int, default=5000, help="samples an epoch (5000)")
+    ap.add_argument("--tree", help="another tree's src/ to run as a third side")
+    ap.add_argument("--probe20", action="store_true", help="the GIL probe every 20 ms")
+    a = ap.parse_args()
+    if a.probe20:
         _loader.QUIET_PERIOD_S = 0.02
     torch.set_num_threads(1)
-    ds = CifarLike(20_000)
-    dl = torch.utils.data.DataLoader(ds, batch_size=128, shuffle=True, num_workers=0)
-    with AsyncLoader(ds, batch_size=128, shuffle=True, num_threads=1) as af:
-        rate(dl), rate(af)  # warm-up epochs
-        got: dict[str, list[float]] = {"DataLoader w=0": [], "asyncfeed t=1": []}
-        for _ in range(rounds):
-            got["DataLoader w=0"].append(rate(dl))
-            got["asyncfeed t=1"].append(rate(af))
-    m = {k: statistics.median(v) for k, v in got.items()}
-    for k, v in m.items():
-        print(f"{k:16s} {v:10,.0f} samples/s")
-    print(f"ratio {m['asyncfeed t=1'] / m['DataLoader w=0']:.3f}")
+    np.random.seed(0)
+    ds = CifarLike(a.samples)
+    order = list(range(a.samples))
+    with tempfile.TemporaryDirectory() as tmp:
+        sides: dict[str, Any] = {"DataLoader w=0": None, "asyncfeed t=1": AsyncLoader}
+        if a.tree:
+            sides["other tree t=1"] = _other_tree(a.tree, tmp)
+        for side in sides.values():
+            _epoch(side, ds, order)  # warm-up epochs
+        got: dict[str, list[float]] = {k: [] for k in sides}
+        orders = list(itertools.permutations(sides))
+        for r in range(a.rounds):
+            for name in orders[r % len(orders)]:
+                got[name].append(_epoch(sides[name], ds, order))
+    base = got["DataLoader w=0"]
+    for name, rates in got.items():
+        line = f"{name:16s} {statistics.median(rates):10,.0f} samples/s"
+        if name != "DataLoader w=0":
+            ratios = [x / b for x, b in zip(rates, base)]
+            line += f"   per-round ratio to w=0: median {statistics.median(ratios):.3f}"
+        print(line)
+    if a.tree:
+        ratios = [x / b for x, b in zip(got["asyncfeed t=1"], got["other tree t=1"])]
+        print(f"this tree against the other: median per-round ratio {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":
