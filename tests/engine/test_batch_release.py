@@ -12,34 +12,12 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import weakref
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from asyncfeed import AsyncLoader
-
-
-class _PythonRows(Dataset):
-    """Rows that hold the GIL for ``spin_s`` each (pure Python), as a
-    Python-heavy transform does: the consumer is always waiting for the next
-    batch, so every batch is handed over."""
-
-    def __init__(self, n: int, spin_s: float = 0.001) -> None:
-        self.n = n
-        self.spin_s = spin_s
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        end = time.perf_counter() + self.spin_s
-        x = 0
-        while time.perf_counter() < end:
-            x += 1
-        return np.full((3, 8, 8), i % 251, np.uint8), i
+from support.datasets import Spin
 
 
 def _watch(batch: object, log: list, it: object) -> None:
@@ -54,7 +32,7 @@ def _watch(batch: object, log: list, it: object) -> None:
 
 
 def test_a_dropped_batch_is_freed_while_the_readying_thread_waits() -> None:
-    ds = _PythonRows(8 * 12)
+    ds = Spin(8 * 12, 1000)  # rows holding the GIL: the consumer always waits
     loader = AsyncLoader(ds, batch_size=8, num_threads=1)
     log: list[tuple[bool, bool]] = []
     it = iter(loader)
@@ -71,7 +49,7 @@ def test_a_dropped_batch_is_freed_while_the_readying_thread_waits() -> None:
 
 
 def test_the_loader_keeps_only_the_last_two_outputs() -> None:
-    loader = AsyncLoader(_PythonRows(8 * 6, 0.0), batch_size=8, num_threads=1)
+    loader = AsyncLoader(Spin(8 * 6, 0), batch_size=8, num_threads=1)
     refs: list[weakref.ref] = []
     it = iter(loader)
     for _ in range(4):
@@ -85,7 +63,7 @@ def test_the_loader_keeps_only_the_last_two_outputs() -> None:
 
 
 def test_a_pass_that_ends_or_breaks_keeps_no_output() -> None:
-    loader = AsyncLoader(_PythonRows(8 * 5, 0.0), batch_size=8, num_threads=1)
+    loader = AsyncLoader(Spin(8 * 5, 0), batch_size=8, num_threads=1)
     refs = [weakref.ref(b[0]) for b in loader]  # an epoch to its end
     gc.collect()
     assert all(r() is None for r in refs)
@@ -101,7 +79,7 @@ def test_a_pass_that_ends_or_breaks_keeps_no_output() -> None:
 
 
 def test_a_held_batch_is_not_overwritten() -> None:
-    ds = _PythonRows(8 * 10, 0.0)
+    ds = Spin(8 * 10, 0)
     with AsyncLoader(ds, batch_size=8, num_threads=1) as loader:
         kept = [(b[0], b[0].clone()) for b in loader]
     for got, copy in kept:

@@ -26,7 +26,7 @@ import torch
 from asyncfeed import AsyncLoader
 from asyncfeed._engine import rowtasks
 from asyncfeed._engine.autotune import WINDOW_S, WINDOWS_PER_SIDE, Gate, Tuner
-from asyncfeed._engine.layout import Layout
+from asyncfeed._engine.layout import Layout, _Leaf
 from asyncfeed._engine.rowtasks import BULK_ROW_BYTES, FlatWriter
 from asyncfeed._engine.taskpool import TaskPool
 from support.buffers import assert_same_buffers, zeroed_pair
@@ -98,7 +98,7 @@ def test_assemble_builds_what_the_collate_walk_builds(kind, n, own):
     walk = Layout(layout.skeleton, layout.specs)
     walk._flat_tuple = False                      # what every other skeleton goes through
     leaf = walk.skeleton
-    if type(leaf).__name__ == "_Leaf":
+    if type(leaf) is _Leaf:
         walk.skeleton = [leaf]                    # (a single leaf, walked inside a list)
         want = walk.assemble(bufs, n)[0]
     else:

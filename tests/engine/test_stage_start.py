@@ -29,6 +29,7 @@ from asyncfeed._engine.autotune import MIN_TASKS, WINDOW_S, Gate, Tuner, read_ma
 from asyncfeed._engine.exithooks import OpenSet
 from asyncfeed._engine.pipeline import SIZING_TASKS, TINY_ROW_CPU_S, Pipeline
 from asyncfeed._engine.taskpool import TaskPool
+from support.datasets import Spin
 from support.oracle import TupleFixed, assert_same_batches
 
 
@@ -513,22 +514,6 @@ def test_rows_that_cost_nothing_are_loaded_by_the_waiting_consumer():
     assert_same_batches(second, list(DataLoader(ds, batch_size=64, shuffle=True, generator=g)))
 
 
-class _Spin:
-    """Rows of about ``us`` microseconds of pure Python."""
-
-    def __init__(self, n: int, us: float) -> None:
-        self.n, self.us = n, us
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        end = time.thread_time() + self.us * 1e-6
-        while time.thread_time() < end:
-            pass
-        return np.full(3, i, np.int64), i
-
-
 def _sizing_reads(monkeypatch, ds, batch_size: int) -> list[int]:
     """The rows of each task the first pass of a fresh loader over ``ds`` counted
     in its sizing (``Pipeline.sized`` while the sizing is open)."""
@@ -558,7 +543,7 @@ def test_dear_rows_are_sized_by_their_one_row_tasks(monkeypatch):
     """Rows dearer than ``TINY_ROW_CPU_S`` (here 2 ms): two one-row tasks decide, no
     row-heavy task runs alone before the threads go."""
     assert TINY_ROW_CPU_S < 2e-3
-    rows = _sizing_reads(monkeypatch, _Spin(64, 2000), 16)
+    rows = _sizing_reads(monkeypatch, Spin(64, 2000), 16)
     assert rows == [1] * SIZING_TASKS, rows
 
 

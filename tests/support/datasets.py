@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -19,6 +22,23 @@ class Ids(Dataset):
         if i in self.bad:
             raise ValueError(f"bad {i}")
         return torch.full((2,), i), i
+
+
+class Spin(Dataset):
+    """Rows of about ``us`` microseconds of pure Python (the GIL held throughout, as a
+    Python-heavy transform holds it): ``(int64 array of 3, index)``."""
+
+    def __init__(self, n: int, us: float) -> None:
+        self.n, self.us = n, us
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        end = time.thread_time() + self.us * 1e-6
+        while time.thread_time() < end:
+            pass
+        return np.full(3, i, np.int64), i
 
 
 def ids(batch) -> list[int]:
