@@ -4,7 +4,13 @@
 all its descendants) from a thread of the benchmark process:
 
 * the resident set summed over the tree, every ``rss_interval`` seconds (cheap:
-  ``/proc/PID/statm``);
+  ``/proc/PID/statm`` of each process of the tree); the tree itself is listed
+  every ``tree_interval`` seconds, and at every pause: listing it reads the
+  ``stat`` file of every process on the machine (2 ms here), and at every RSS
+  reading that was 16% of a core of the benchmark's own, taken from the run
+  (threads of one process lose more to it than processes do: a thread that holds
+  the GIL and is preempted stalls the others; workload (a)'s defaults read 5% slower
+  beside it);
 * PSS (proportional set size: a page shared by ``n`` processes counts ``1/n`` in
   each, so the sum counts every page once) summed over the tree, every
   ``pss_interval`` seconds and whenever the run stops itself to be read (after
@@ -54,11 +60,12 @@ class TreeSampler:
     """Samples memory of ``[server] + tree(pid)`` until :meth:`stop`."""
 
     def __init__(self, pid: int, server_pid: int | None, *, rss_interval: float = 0.02,
-                 pss_interval: float = 1.0) -> None:
+                 pss_interval: float = 1.0, tree_interval: float = 0.25) -> None:
         self.pid = pid
         self.server_pid = server_pid
         self.rss_interval = rss_interval
         self.pss_interval = pss_interval
+        self.tree_interval = tree_interval
         self.use_pss = has_pss()
         self.peak_rss = 0
         self.peak_pss = 0
@@ -107,13 +114,18 @@ class TreeSampler:
 
     def _run(self) -> None:
         next_pss = time.perf_counter() + self.pss_interval
+        next_tree = 0.0
+        procs: list[psutil.Process] = []
         while not self._stop.is_set():
-            procs = self._tree()
-            self.max_procs = max(self.max_procs, len(procs))
+            if time.perf_counter() >= next_tree:
+                procs = self._tree()
+                self.max_procs = max(self.max_procs, len(procs))
+                next_tree = time.perf_counter() + self.tree_interval
             self.peak_rss = max(self.peak_rss, sum(_rss(p) for p in procs))
             if self._stopped():
                 self.pauses += 1
                 self._read_pss(f"pause{self.pauses}")
+                next_tree = 0.0  # workers started (or ended) while it ran: list them now
                 try:
                     os.kill(self.pid, signal.SIGCONT)
                 except ProcessLookupError:
