@@ -208,6 +208,27 @@ def test_paired_marks_the_gil_after_enough_convoys():
     assert t.processes_why == "gil: set before"
 
 
+@pytest.mark.parametrize("held,probes,gil_bound", [
+    pytest.param(0, 10, False, id="gil-free-jpeg-in-a-fresh-process-held-0pct"),
+    pytest.param(2, 10, False, id="held-20pct"),
+    pytest.param(3, 10, True, id="held-30pct"),
+    pytest.param(5, 10, True, id="c-held-50pct"),
+    pytest.param(0, 3, True, id="too-few-wake-ups-to-say"),
+])
+def test_a_pair_reading_the_gil_while_the_probe_found_it_free_is_not_the_gil(
+        caplog, held, probes, gil_bound):
+    """Two threads waiting for the GIL leave it held most of the time: where the
+    GIL probe found it held at less than ``GIL_FREE`` of its wake-ups (at least
+    ``GIL_MIN_PROBES`` of them), the time the pair spent off a core went elsewhere
+    (a fresh process's first rows beside other load) and no verdict is given."""
+    t = _probed_tuner(held, probes)
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        assert t.paired(8, S, *_reading(0.45, 0.76)) is gil_bound
+    assert (t.processes_why is not None) is gil_bound, t.processes_why
+    assert not t.pair_free  # no verdict either way: the one-window rules still apply
+    assert ("not the GIL" in caplog.text) is (not gil_bound)
+
+
 @pytest.mark.parametrize("held,probes,tells", [
     pytest.param(0, 12, False, id="gil-free-jpeg-both-threads-on-one-core"),
     pytest.param(1, 11, False, id="held-9pct"),

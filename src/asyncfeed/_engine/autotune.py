@@ -50,7 +50,10 @@ that cannot win:
   ``GIL_SIGNS_NOW`` (in one 40 ms window each reading alone is noisy: measured
   on workload (c) 0.0-0.48 and 0.29-0.58, their sum 0.43-0.98 with 0.63-1.23 of
   2 cores busy; on (a) and (g), GIL-free decoders, 1.46-1.66 cores busy and sums
-  of 0.18-0.45, or 1.31-1.44 cores and sums under 0.31 in a second window);
+  of 0.18-0.45, or 1.31-1.44 cores and sums under 0.31 in a second window), the
+  probe's share at least ``GIL_FREE`` (the first windows of (a), (b) and (g) in
+  fresh processes beside other load read 0.6-1.2 cores busy and sums up to 0.54,
+  but the probe's share at 0.10-0.13 there; (c)'s was 0.29 or more);
 * **tiny rows**: rows of ``TINY_MIN_ROW_S``..``PROCESS_MIN_ROW_S`` of CPU run on
   one thread (more threads only hand the GIL around); when that thread keeps
   ``TINY_BUSY`` of a core busy, the consumer spends ``CONSUMER_WAITS`` of the
@@ -414,7 +417,9 @@ class Tuner:
         per-sample function as holding the GIL when the pair kept at most
         ``PAIR_CORES`` cores busy and waited, neither on a core nor queued for
         one, ``PAIR_GIL_WAIT`` of its task time (GIL-free rows keep two cores
-        busy; rows measured alone were on a core, so the wait is not I/O).
+        busy; rows measured alone were on a core, so the wait is not I/O) --
+        unless the GIL probe found the GIL held at less than ``GIL_FREE`` of its
+        wake-ups since the pass began (the wait was not for the GIL).
         ``convoys``: the pass's rounds, this one included, that read a convoy
         (:meth:`pair_convoy`); where they tell (:meth:`convoys_tell`) and this
         round is one of them, they mark the GIL too, whatever the run-queue delay
@@ -435,9 +440,11 @@ class Tuner:
         if shares is None:
             return False
         gil, used = shares
+        held = self._held_share()
         log.debug("asyncfeed: two threads side by side: %d rows in %.1f ms, %.2f cores "
-                  "busy, %.0f%% of their time waiting for the GIL", rows, span * 1e3,
-                  used, 100 * gil)
+                  "busy, %.0f%% of their time waiting for the GIL; the GIL held at %s of "
+                  "the probe's wake-ups", rows, span * 1e3, used, 100 * gil,
+                  "?" if held is None else f"{held:.0%}")
         if not self.pair_overlapped(span, wall):
             return False
         with self._lock:
@@ -446,6 +453,15 @@ class Tuner:
             if gil < PAIR_GIL_FREE and used >= PAIR_FREE_CORES:
                 self.pair_free = True
             if gil < PAIR_GIL_WAIT or used > PAIR_CORES:
+                return False
+            if held is not None and held < GIL_FREE:
+                # two threads that wait for the GIL leave it held most of the time;
+                # a probe that found it free says the time off a core went elsewhere
+                # (bench runs of GIL-free decoding in a fresh process beside other
+                # load: 0.76-1.24 cores busy, 28-45% off a core, held at 0-12%;
+                # workload (c): held at 50-70%)
+                log.debug("asyncfeed: the GIL probe found the GIL free at %.0f%% of its "
+                          "wake-ups: not the GIL", 100 * (1 - held))
                 return False
             self.processes_why = (f"gil: two threads side by side kept {used:.2f} cores busy, "
                                   f"{gil:.0%} of their time waiting for the GIL")
@@ -534,7 +550,7 @@ class Tuner:
                                       f"{gil:.0%} of their time waiting for the GIL, "
                                       f"{rate:,.0f} rows/s")
             elif gil is not None and held is not None and gil + held >= GIL_SIGNS_NOW \
-                    and used <= LOW_USE_NOW * min(n, self.cores):
+                    and held >= GIL_FREE and used <= LOW_USE_NOW * min(n, self.cores):
                 self.processes_why = (f"gil: {used:.2f} cores busy with {n} threads, "
                                       f"{gil:.0%} of their time waiting for the GIL, "
                                       f"GIL held {held:.0%} of the time, {rate:,.0f} rows/s")
