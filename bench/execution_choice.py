@@ -20,6 +20,7 @@ many runs, not one.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -53,7 +54,6 @@ finally:
 
 
 def _runs(src: str, workload: str, n: int) -> list[dict]:
-    import json
     with tempfile.TemporaryDirectory() as workdir:
         out = subprocess.run([sys.executable, "-c", _CHILD, src, workload, str(n), workdir],
                              capture_output=True, text=True, check=False)

@@ -95,7 +95,8 @@ class TreeSampler:
             procs.append(self._server)
         return procs
 
-    def _read_pss(self, label: str) -> None:
+    def _read_pss(self, label: str) -> list[psutil.Process]:
+        """Read PSS over the tree, listed afresh; returns the tree it listed."""
         procs = self._tree()
         if self.use_pss:
             vals = [_pss(p) for p in procs]
@@ -105,6 +106,7 @@ class TreeSampler:
         self.peak_pss = max(self.peak_pss, total)
         self.pss_samples.append({"label": label, "t": round(time.perf_counter() - self._t0, 4),
                                  "bytes": total, "procs": len(procs)})
+        return procs
 
     def _stopped(self) -> bool:
         try:
@@ -117,22 +119,24 @@ class TreeSampler:
         next_tree = 0.0
         procs: list[psutil.Process] = []
         while not self._stop.is_set():
+            listed = None
             if time.perf_counter() >= next_tree:
-                procs = self._tree()
-                self.max_procs = max(self.max_procs, len(procs))
-                next_tree = time.perf_counter() + self.tree_interval
-            self.peak_rss = max(self.peak_rss, sum(_rss(p) for p in procs))
+                listed = self._tree()
+            self.peak_rss = max(self.peak_rss, sum(_rss(p) for p in listed or procs))
             if self._stopped():
                 self.pauses += 1
-                self._read_pss(f"pause{self.pauses}")
-                next_tree = 0.0  # workers started (or ended) while it ran: list them now
+                listed = self._read_pss(f"pause{self.pauses}")
                 try:
                     os.kill(self.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
             elif time.perf_counter() >= next_pss:
-                self._read_pss("periodic")
+                listed = self._read_pss("periodic")
                 next_pss = time.perf_counter() + self.pss_interval
+            if listed is not None:  # the tree as last listed serves the next readings
+                procs = listed
+                self.max_procs = max(self.max_procs, len(procs))
+                next_tree = time.perf_counter() + self.tree_interval
             self._stop.wait(self.rss_interval)
 
     def stop(self) -> dict:

@@ -360,6 +360,12 @@ class Tuner:
             return None
         return min(1.0, max(0.0, wall - cpu - delay) / wall), cpu / span
 
+    @staticmethod
+    def _pair_waited(gil: float, used: float) -> bool:
+        """The pair's wait rule (see :meth:`paired`) on its shares: at most
+        ``PAIR_CORES`` cores busy, ``PAIR_GIL_WAIT`` of the task time waiting."""
+        return gil >= PAIR_GIL_WAIT and used <= PAIR_CORES
+
     @classmethod
     def pair_marginal(cls, span: float, wall: float, cpu: float,
                       delay: float | None) -> bool:
@@ -368,8 +374,7 @@ class Tuner:
         pair again while it has rounds left (one 10 ms reading of GIL-free rows on
         a loaded machine crossed ``PAIR_GIL_WAIT``)."""
         shares = cls.pair_shares(span, wall, cpu, delay)
-        return shares is not None and PAIR_GIL_WAIT <= shares[0] < PAIR_GIL_SURE \
-            and shares[1] <= PAIR_CORES
+        return shares is not None and cls._pair_waited(*shares) and shares[0] < PAIR_GIL_SURE
 
     @classmethod
     def pair_undecided(cls, span: float, wall: float, cpu: float,
@@ -395,10 +400,8 @@ class Tuner:
         of :meth:`paired` (at most ``PAIR_CORES`` cores busy, ``PAIR_GIL_WAIT`` of
         the task time neither on a core nor queued for one), whatever the probe says."""
         shares = cls.pair_shares(span, wall, cpu, delay)
-        if shares is None or not cls.pair_overlapped(span, wall):
-            return False
-        gil, used = shares
-        return gil >= PAIR_GIL_WAIT and used <= PAIR_CORES
+        return shares is not None and cls.pair_overlapped(span, wall) \
+            and cls._pair_waited(*shares)
 
     def probe_can_tell(self) -> bool:
         """Whether the pass's GIL probe, if it has one, has woken often enough
@@ -474,7 +477,7 @@ class Tuner:
                 return False
             if gil < PAIR_GIL_FREE and used >= PAIR_FREE_CORES:
                 self.pair_free = True
-            if gil < PAIR_GIL_WAIT or used > PAIR_CORES:
+            if not self._pair_waited(gil, used):
                 return False
             if held is not None and held < GIL_FREE:
                 # two threads that wait for the GIL leave it held most of the time;
