@@ -18,6 +18,7 @@ from ._data.image import decode_image
 from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
 from ._engine.loader import AsyncLoader
 from ._engine.accounting import StageStats
+from ._engine.policy import Candidate, ExecutionReport, Measured, Mode, Reason
 from ._engine.stats import IOStats, LoaderStats, SkippedSample
 from ._errors import (AsyncFeedError, LoaderClosedError, LoaderTimeout, RemoteReadError,
                       RemoteTimeoutError, SampleError, ShardError, StateError,
@@ -34,10 +35,12 @@ _LAZY = {"FsspecSource": "._io.fsspec"}
 __all__ = [
     "AsyncFeedError",
     "AsyncLoader",
+    "Candidate",
     "CopyStream",
     "Decoder",
     "DecoderInto",
     "DeviceTransfer",
+    "ExecutionReport",
     "FsspecSource",
     "IMG_EXTENSIONS",
     "IOStats",
@@ -48,6 +51,9 @@ __all__ = [
     "LoaderStats",
     "LoaderTimeout",
     "LocalSource",
+    "Measured",
+    "Mode",
+    "Reason",
     "RemoteReadError",
     "RemoteTimeoutError",
     "SampleError",

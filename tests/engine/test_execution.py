@@ -22,7 +22,9 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from asyncfeed import AsyncLoader, SampleError, WorkerCrashedError
 from asyncfeed._engine import processes
-from asyncfeed._engine.autotune import WINDOW_S, Tuner
+from asyncfeed._engine.policy import Mode, Reason
+from asyncfeed._engine.policy import processes as processes_n
+from asyncfeed._engine.tasksize import RowCost
 from support.oracle import MixedFixed, TupleFixed, assert_parity, assert_same_batches
 
 CONTEXTS = ["fork", "forkserver", "spawn"]
@@ -131,8 +133,8 @@ def test_rows_reach_shared_memory_not_pickles():
         files = _shm_files()
         assert files, "no batch buffer lives in shared memory"
         rest = list(it)
-        assert al.stats().execution == "processes: 2 workers (execution='processes')" \
-            or al.stats().execution.startswith("processes: ")
+        ex = al.stats().execution
+        assert (ex.mode, ex.count, ex.reason) == (Mode.PROCESSES, 2, Reason.FIXED), str(ex)
     want = list(DataLoader(TupleFixed(96, shape=(3, 16, 16)), batch_size=16))
     assert_same_batches(batches + rest, want)
 
@@ -145,9 +147,10 @@ def test_switch_to_processes_mid_pass_keeps_batches_identical():
     with AsyncLoader(ds, batch_size=8, shuffle=True, generator=g1) as al:
         for k, batch in enumerate(al):
             got.append(batch)
-            if k == 4:  # as the tuner does once it has measured the GIL held
-                al._tuner.processes_why = "gil: set by the test"
-        assert al.stats().execution.startswith("processes: 2 workers (gil: set by the test")
+            if k == 4:  # as the chooser does once processes measured faster
+                al._chooser.request(processes_n(2))
+        ex = al.stats().execution
+        assert (ex.mode, ex.count) == (Mode.PROCESSES, 2), str(ex)
     assert_same_batches(got, want)
     assert torch.equal(g1.get_state(), g2.get_state())
 
@@ -291,7 +294,8 @@ def test_a_dead_worker_fails_only_what_it_held_the_waiting_tasks_run():
     assert all("WorkerCrashedError" in s.error for s in st.skipped), st.skipped
     delivered = torch.cat(got)[:, 0].tolist()
     assert delivered == [i for i in range(64) if i not in skipped]
-    assert "then processes stopped" in st.execution, st.execution
+    assert st.execution is not None and st.execution.mode is Mode.THREADS
+    assert "processes stopped" in str(st.execution), str(st.execution)
 
 
 class Raises:
@@ -322,142 +326,9 @@ def test_bad_arguments_are_errors_at_construction():
 
 def test_threads_never_start_processes():
     with AsyncLoader(TupleFixed(40), batch_size=8, execution="threads") as al:
-        al._tuner.processes_why = "gil: set by the test"
+        assert al._chooser.space is not None and al._chooser.space.process is None
         list(al)
-        assert al._exec.stage is None and al.stats().execution.startswith("threads")
-
-
-def _half_idle():
-    """A machine-idle reading (cumulative idle, total) that is half idle."""
-    t = [0.0]
-
-    def read() -> tuple[float, float]:
-        t[0] += 1.0
-        return t[0] / 2, t[0]
-    return read
-
-
-def _never_idle():
-    t = [0.0]
-
-    def read() -> tuple[float, float]:
-        t[0] += 1.0
-        return 0.0, t[0]
-    return read
-
-
-def _steps(t: Tuner, n: int, clock: float = 0.0):
-    """``n`` windows of four steps each: yields (running threads, step, its end),
-    the running threads read at each window's start (the tuner may have moved)."""
-    for _ in range(n):
-        k = t.limit
-        for _ in range(4):
-            dt = WINDOW_S / 4 * 1.01
-            clock += dt
-            yield k, dt, clock
-
-
-def _windows(t: Tuner, rate_at, busy_at, n: int, row_s: float) -> None:
-    for k, dt, clock in _steps(t, n):
-        rows = max(1, int(rate_at(k) * dt))
-        t.row_cost_s = row_s
-        t.record(rows, dt, busy_at(k) * dt, now=clock)
-
-
-def _threaded_windows(t: Tuner, delay: list[float], rate: float, queued_at, n: int,
-                      row_s: float) -> None:
-    """``n`` windows of the running threads (``t.limit``) all busy, one core's worth
-    of CPU among them, and ``queued_at(k)`` of each thread's off-core time spent
-    in the run queue (added to the cumulative ``delay`` the tuner reads)."""
-    for k, dt, clock in _steps(t, n):
-        for _ in range(k):  # k tasks side by side, each as long as the step
-            t.row_cost_s = row_s
-            delay[0] += queued_at(k) * dt * (1 - 1 / k)
-            t.record(max(1, int(rate * dt / k)), dt, dt / k, now=clock)
-
-
-def test_tuner_tells_the_gil_from_a_busy_machine_by_the_run_queue():
-    """Where the scheduler's run-queue delay is read, threads that are off their
-    core but not queued for one wait for the GIL; queued ones wait for a core."""
-    for queued, bound in ((0.0, True), (1.0, False)):
-        delay = [0.0]
-        t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
-        t.gate_for_pass(run_delay=lambda: delay[0])
-        _threaded_windows(t, delay, 2500.0, lambda k: queued, 20, row_s=4e-3)
-        assert (t.processes_why is not None) is bound, (queued, t.processes_why, t.moves)
-        assert t.limit < 4  # fewer threads did as much either way
-    # hand-offs of the GIL wake threads, and wake-ups count as run-queue delay: the
-    # GIL probe, which found the GIL held most of the time, tells it from a busy machine
-    for held_share, bound in ((0.7, True), (0.1, False)):
-        delay, probe = [0.0], [0, 0]
-
-        def held() -> tuple[int, int]:
-            probe[1] += 10  # the probe wakes 50 times a second
-            probe[0] = round(held_share * probe[1])
-            return probe[0], probe[1]
-
-        t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
-        t.gate_for_pass(run_delay=lambda: delay[0], gil_held=held)
-        _threaded_windows(t, delay, 2500.0, lambda k: 1.0, 20, row_s=4e-3)
-        assert (t.processes_why is not None) is bound, (held_share, t.processes_why, t.moves)
-        if bound:
-            assert "GIL held 70% of the time" in t.processes_why
-    unknown = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
-    unknown.gate_for_pass(run_delay=lambda: None)  # no scheduler figures: the idle CPU
-    _windows(unknown, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
-    assert unknown.processes_why is not None
-
-
-def test_gil_held_nearly_always_by_several_threads_is_enough_without_a_probe():
-    delay, probe = [0.0], [0, 0]
-
-    def held() -> tuple[int, int]:
-        probe[1] += 10
-        probe[0] = round(0.8 * probe[1])
-        return probe[0], probe[1]
-
-    t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
-    t.gate_for_pass(run_delay=lambda: delay[0], gil_held=held)
-    _threaded_windows(t, delay, 2500.0, lambda k: 1.0, 3, row_s=4e-3)  # warm-up + two
-    assert t.processes_why is not None and "GIL held 80% of the time" in t.processes_why
-    # decided at the first level (4 threads), before any probe down came back
-    assert "with 4 threads" in t.processes_why and ";" not in t.processes_why, t.processes_why
-
-
-def test_one_thread_blocked_in_reads_gets_a_second():
-    """One running thread whose tasks keep only half a core busy, not queued for a
-    core: it waits for I/O (reads inside __getitem__), and a second thread reads
-    while it decodes.  (Without the blocked rule it stayed on one: busy < 70%.)"""
-    t = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
-    t.gate_for_pass(run_delay=lambda: 0.0)
-    t.start_with(1, "the test starts on one")
-    # clocked after the change start_with made
-    for k, dt, clock in _steps(t, 40, clock=time.perf_counter()):
-        for _ in range(k):  # each thread: half its task time on a core, half reading
-            t.record(20, dt, 0.5 * dt, now=clock)
-    assert t.limit >= 2, t.moves
-    assert t.processes_why is None
-
-
-def test_tuner_finds_the_gil_held_only_when_fewer_threads_do_as_much():
-    gil = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())
-    gil.gate_for_pass()
-    _windows(gil, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
-    assert gil.processes_why is not None and gil.processes_why.startswith("gil: ")
-    # the same figures on a machine other work keeps busy: threads waiting for a
-    # core are not held by the GIL
-    busy = Tuner(size=4, cores=2, adaptive=True, machine_idle=_never_idle())
-    busy.gate_for_pass()
-    _windows(busy, lambda k: 250.0, lambda k: 1.0, 20, row_s=4e-3)
-    assert busy.processes_why is None and busy.limit < 4
-    io = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())  # waits on I/O: fewer threads do less
-    io.gate_for_pass()
-    _windows(io, lambda k: 100.0 * k, lambda k: 0.05 * k, 20, row_s=4e-3)
-    assert io.processes_why is None
-    tiny = Tuner(size=4, cores=2, adaptive=True, machine_idle=_half_idle())  # GIL-bound but too cheap for a process hop
-    tiny.gate_for_pass()
-    _windows(tiny, lambda k: 30_000.0, lambda k: 1.0, 20, row_s=3e-5)
-    assert tiny.processes_why is None
+        assert al._exec.stage is None and al.stats().execution.mode is Mode.THREADS
 
 
 @pytest.mark.parametrize("n,workers,row_cost,expect", [
@@ -476,17 +347,17 @@ def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, 
 
 
 def test_a_workers_task_is_sized_by_what_rows_take_in_the_workers():
-    """Before any task came back, the least of the threads' figures (their running
-    means still carry the first rows' imports and GIL waits); then the workers'
-    own measure of their rows."""
-    from types import SimpleNamespace
+    """Before any task came back, the least of the threads' figures (their wall
+    time carries GIL waits); then the workers' own measure of their rows."""
     stage = processes.ProcessStage(TupleFixed(8), 2, None, None, 0, 2)
     try:
         assert stage.row_cost(None) is None
-        threads = SimpleNamespace(alone=(0.007, 0.98), row_cpu_s=0.017, row_cost_s=0.025)
+        threads = RowCost()
+        threads.cpu_s, threads.wall_s = 0.007, 0.025
         assert stage.row_cost(threads) == 0.007
-        assert stage.row_cost(SimpleNamespace(alone=None, row_cpu_s=None,
-                                              row_cost_s=0.025)) == 0.025
+        only_wall = RowCost()
+        only_wall.wall_s = 0.025
+        assert stage.row_cost(only_wall) == 0.025
         stage.row_s = 0.004
         assert stage.row_cost(threads) == 0.004
     finally:

@@ -525,7 +525,7 @@ def test_process_stage_tasks_are_timed_as_decode_by_the_workers():
                      num_workers=2) as loader:
         assert drain(loader) == 8
         st = loader.stats()
-    assert st.execution.startswith("processes")
+    assert st.execution is not None and st.execution.mode.value == "processes"
     assert st.stages["decode"].count == 64 and st.stages["assemble"].count == 8
     assert st.bottleneck == "decode", st._reading
     assert "2 worker processes" in st.explain()

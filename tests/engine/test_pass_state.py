@@ -201,7 +201,7 @@ def test_an_inline_consumer_finds_a_task_queued_without_a_notify():
     that reached the queue with no notify -- a decode thread puts back the task it
     took while its gate was being installed -- within a few milliseconds, not
     after the one-second wait that serves a consumer whose batches threads make."""
-    from asyncfeed._engine.autotune import Gate
+    from asyncfeed._engine.tasksize import Gate
     from asyncfeed._engine.pipeline import Batch
     rt = Runtime(1, with_loop=False)
     try:

@@ -1,4 +1,4 @@
-"""How map-style rows reach the batch buffers, and how many threads tiny rows get.
+"""How map-style rows reach the batch buffers.
 
 * ``FlatWriter.write_rows`` writes a whole task's rows column by column (small rows
   copied holding the GIL, big ones in bulk with one ``torch.stack``): the bytes
@@ -7,8 +7,6 @@
   (``rowtasks.write_deferred``): batches still match DataLoader's bit for bit,
   whatever the rows (read-only, strided, tensors, shapes that change mid-pass).
 * The decode pool passes the pass's gate before taking a task (``TaskPool.admit``).
-* A fresh adaptive loader measures its first tasks alone; tiny rows make it run
-  one thread (``Pipeline.sized``, ``Tuner.start_with``).
 
 Nothing here measures speed (that is ``asyncfeed bench``'s job).
 """
@@ -25,7 +23,7 @@ import torch
 
 from asyncfeed import AsyncLoader
 from asyncfeed._engine import rowtasks
-from asyncfeed._engine.autotune import WINDOW_S, WINDOWS_PER_SIDE, Gate, Tuner
+from asyncfeed._engine.tasksize import Gate
 from asyncfeed._engine.layout import Layout, _Leaf
 from asyncfeed._engine.rowtasks import BULK_ROW_BYTES, FlatWriter
 from asyncfeed._engine.taskpool import TaskPool
@@ -307,109 +305,3 @@ def test_shutdown_opens_the_gate_threads_wait_at():
     pool.shutdown(wait=True, cancel_futures=True)
     assert not [t for t in pool.threads if t.is_alive()]
     assert ran == []
-
-
-# ------------------------------------------------------- threads for tiny rows
-def test_start_with_moves_the_limit_and_holds_it():
-    t = Tuner(size=4, cores=2, adaptive=True)
-    t.gate_for_pass()
-    t.start_with(1, "tiny", hold=3)
-    assert t.limit == 1 and t.moves == [(4, 1, "tiny")]
-    clock = [0.0]
-    # all busy at one thread: the tuner would probe up, but not while it holds
-    for _ in range((3 + 1) * WINDOWS_PER_SIDE):  # the pass's first window is not used
-        for _ in range(4):
-            clock[0] += WINDOW_S / 4 * 1.01
-            t.record(10, WINDOW_S / 4, WINDOW_S / 4, now=clock[0])
-    assert t.limit == 1
-    pinned = Tuner(size=4, cores=2, adaptive=False)
-    pinned.start_with(1, "tiny")
-    assert pinned.limit == 4 and pinned.moves == []
-
-
-class Tiny:
-    """Rows costing about 30 us of Python: well inside the band that runs one thread
-    (``INLINE_ROW_CPU_S``..``TINY_ROW_CPU_S``, 8-200 us), away from both ends."""
-
-    def __len__(self) -> int:
-        return 400
-
-    def __getitem__(self, i: int):
-        sum(range(2500))  # ~25 us
-        return np.full((3, 4, 4), i % 256, np.uint8), i
-
-
-class Sleepy(Tiny):
-    """Rows that wait 2 ms (the GIL released, no CPU): like a read from slow storage."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int):
-        time.sleep(0.002)
-        return super().__getitem__(i)
-
-
-def _sized(al: AsyncLoader) -> list[tuple[int, int, str]]:
-    return [m for m in al._tuner.moves if "measured alone" in m[2]]
-
-
-def test_tiny_rows_run_one_thread_from_the_first_pass():
-    with AsyncLoader(Tiny(), batch_size=16, shuffle=True,
-                     generator=torch.Generator().manual_seed(0)) as al:
-        if al._tuner.size < 2:
-            pytest.skip("one decode thread by default here")
-        got = list(al)
-        list(al)  # a second pass does not measure again
-        moves = _sized(al)
-    assert len(moves) == 1 and moves[0][:2] == (al._tuner.size, 1), al._tuner.moves
-    want = list(torch.utils.data.DataLoader(Tiny(), batch_size=16, shuffle=True,
-                                            generator=torch.Generator().manual_seed(0)))
-    from support.oracle import assert_same_batches
-    assert_same_batches(got, want)
-
-
-def test_rows_that_wait_keep_every_thread():
-    with AsyncLoader(Sleepy(), batch_size=8) as al:
-        list(al)
-        assert not _sized(al), al._tuner.moves
-    with AsyncLoader(Tiny(), batch_size=16, num_threads=3) as al:  # pinned: no sizing
-        list(al)
-        assert al._tuner.moves == []
-
-
-# ------------------------------------------- the consumer gets the GIL at once
-def _handoff():
-    from asyncfeed._engine.handoff import BatchHandoff, PassConfig
-    from asyncfeed._engine.runtime import Runtime
-    rt = Runtime(1, with_loop=False)
-    h = BatchHandoff(PassConfig(batch_size=1, collate=list), runtime=rt, copy=None)
-    h.submitted = 2  # two batches planned: wait() waits for them
-    return rt, h
-
-
-def test_the_thread_that_readies_the_awaited_batch_waits_until_it_is_taken(monkeypatch):
-    from asyncfeed._engine import handoff
-    from asyncfeed._engine.pipeline import Batch
-    monkeypatch.setattr(handoff, "HAND_S", 30.0)  # only the consumer ends the wait
-    rt, h = _handoff()
-    got = []
-    try:
-        consumer = threading.Thread(target=lambda: got.append(h.wait(0, timeout=30)),
-                                    name="asyncfeed-test-consumer")
-        consumer.start()
-        for _ in range(1000):
-            if h._awaited == 0:
-                break
-            time.sleep(0.01)
-        assert h._awaited == 0
-        b = Batch(0, [0], "collate")
-        h._mark_ready(b)
-        assert 0 not in h.ready  # taken before _mark_ready returned
-        consumer.join(10)
-        assert got == [b]
-        # nobody waits for batch 1: readying it does not wait
-        h._mark_ready(Batch(1, [1], "collate"))
-        assert h._handing is None and 1 in h.ready
-    finally:
-        rt.close()

@@ -25,6 +25,7 @@ from PIL import Image
 
 from asyncfeed import (AsyncLoader, ImageFolder, ImageLabelDecoder, LoaderClosedError,
                        LoaderTimeout, SampleError, WebDatasetShards, decode_image)
+from asyncfeed._engine.policy import Mode
 from asyncfeed._io.http11 import HTTPPool, IncompleteResponse
 from support.faults import RawServer, bomb_jpeg, bomb_png, run_script
 from support.imagegen import encode
@@ -342,14 +343,17 @@ def test_a_bug_in_a_row_task_fails_the_pass_instead_of_hanging(monkeypatch):
                 pass
 
 
-def test_a_bug_in_the_tuner_is_logged_and_loses_only_tuning(monkeypatch, caplog):
-    from asyncfeed._engine.autotune import Tuner
+def test_a_bug_in_the_execution_choice_is_logged_and_loses_only_the_choice(monkeypatch,
+                                                                         caplog):
+    from asyncfeed._engine import chooser
 
-    def broken_record(self, *args, **kw):
-        raise RuntimeError("tuner broke")
+    def broken(*args, **kw):
+        raise RuntimeError("the policy broke")
 
-    monkeypatch.setattr(Tuner, "record", broken_record)
+    monkeypatch.setattr(chooser, "decide", broken)
     with AsyncLoader(_Small(), batch_size=8, timeout=20) as loader:
         got = torch.cat([b for b in loader])
+        ex = loader.stats().execution
     assert sorted(got[:, 0].tolist()) == list(range(64))
-    assert "the adaptive thread count failed" in caplog.text
+    assert "the execution choice failed" in caplog.text
+    assert ex is not None and ex.mode is Mode.THREADS, str(ex)

@@ -82,9 +82,9 @@ drain = _drain
 
 
 class SwitchAtRow(Dataset):
-    """Fixed-shape rows.  In the loader's process, loading row ``trigger`` marks the
-    loader's tuner as the GIL rule would, asks for the stage (as that task's
-    report would) and then holds its decode thread until
+    """Fixed-shape rows.  In the loader's process, loading row ``trigger`` asks the
+    loader's chooser for two worker processes (as a measured choice would) and
+    then holds its decode thread until
     the process stage has started, so that the batches planned meanwhile are
     still queued for the threads when the stage takes over.  Picklable for any
     start method (the loader is not pickled)."""
@@ -105,10 +105,8 @@ class SwitchAtRow(Dataset):
         import time
         al = self.loader
         if i == self.trigger and al is not None and os.getpid() == self.parent:
-            al._tuner.processes_why = "gil: set by the test"
-            it = al._current() if al._current is not None else None
-            if it is not None:
-                it._p.want_stage()  # as a task's report does once the rule fired
+            from asyncfeed._engine.policy import processes
+            al._chooser.request(processes(2))  # as a measured choice would
             deadline = time.monotonic() + 30
             while al._exec.stage is None and time.monotonic() < deadline:
                 time.sleep(0.005)

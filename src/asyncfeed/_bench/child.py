@@ -113,7 +113,13 @@ def execute(spec: dict) -> dict:
         stats = None
         if handle.stats is not None:
             try:
-                stats = _plain(handle.stats())
+                raw = handle.stats()
+                stats = _plain(raw)
+                ex = getattr(raw, "execution", None)
+                if ex is not None and isinstance(stats, dict):  # a sentence, and its fields
+                    stats["execution"] = str(ex)
+                    stats["execution_mode"] = str(getattr(getattr(ex, "mode", ""), "value", ""))
+                    stats["execution_count"] = getattr(ex, "count", None)
             except Exception as e:  # noqa: BLE001 - stats are a bonus, not the measurement
                 stats = {"error": repr(e)}
     finally:

@@ -181,7 +181,7 @@ def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None
     finally:
         loader.close()
     return {**out, "loader": "AsyncLoader", "threads": loader.num_threads,
-            "execution": st.execution,
+            "execution": str(st.execution),
             "stages": {k: {"count": v.count, "wall_s": v.wall_s, "cpu_s": v.cpu_s}
                        for k, v in st.stages.items()},
             "gil_share": st.gil_share, "bottleneck": st.bottleneck, "advice": st.explain(),

@@ -113,7 +113,14 @@ class BatchHandoff:
         # and the hand-over of the GIL to it (see _mark_ready)
         self._awaited: int | None = None
         self._call: Callable[[], None] | None = None  # see call_waiting
-        self.inline = False  # the consumer runs queued tasks while it waits (run_inline)
+        self.inline = False  # the consumer runs queued tasks while it waits (Mode.INLINE)
+        # the execution chooser's tick (consumer thread): returns the seconds until
+        # the next one is due; set by a pass that measures its execution
+        self.tick: Callable[[], float] | None = None
+        # past the pass's start: the consumer waited for a batch after its first, or the
+        # ready batches filled the credit (before, the producer fills the credit at
+        # its own pace, whatever the consumer takes: no measure of the pass)
+        self.primed = False
         self._handing: Any = None  # the lock a readying thread waits on until it is taken
         self._taken_hand: Any = None  # ... and, once taken, until the consumer's handed()
         self.submitted = 0          # batches submitted so far (= next k)
@@ -168,6 +175,10 @@ class BatchHandoff:
         """Called after the pass finished or was stopped (each time, any thread)."""
 
     # ----------------------------------------------------------------- consumer
+    def start(self) -> None:
+        """(consumer thread, at ``iter()``) Start the pass: plan its first batches."""
+        self.top_up()
+
     def top_up(self) -> None:
         """Start batches while fewer than the credit allows are outstanding."""
         raise NotImplementedError
@@ -178,8 +189,10 @@ class BatchHandoff:
         LoaderClosedError once the pass was stopped (batches already ready are
         still returned)."""
         deadline = None if not timeout else time.monotonic() + timeout
+        tick = self.tick
         with self.cond:
             while True:
+                due = self._unlocked(tick) if tick is not None else 1.0
                 call = self._call
                 if call is not None:  # see call_waiting
                     self._call = None
@@ -202,8 +215,10 @@ class BatchHandoff:
                 # with inline rows, load them here instead of waking a thread for them
                 if self.inline and self._unlocked(self.runtime.pool.run_one):
                     continue
+                if self.taken:
+                    self.primed = True
                 self._awaited = -1 if k is None else k
-                step = INLINE_LOOK_S if self.inline else 1.0
+                step = min(due, INLINE_LOOK_S if self.inline else 1.0)
                 try:
                     self.cond.wait(step if remaining is None else min(remaining, step))
                 finally:
@@ -285,6 +300,8 @@ class BatchHandoff:
         with self.cond:
             self._tracked.pop(b.k, None)
             self.ready[b.k] = b
+            if len(self.ready) >= self.prefetch:
+                self.primed = True
             self.cond.notify_all()
             hand = None
             if HAND_S > 0 and self._handing is None and self._awaited in (-1, b.k):

@@ -110,7 +110,7 @@ class _Iterator:
         return out
 
     def _start(self) -> None:
-        self._p.top_up()
+        self._p.start()
 
     @property
     def _done(self) -> bool:

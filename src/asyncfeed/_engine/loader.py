@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 import weakref
@@ -15,13 +16,15 @@ from .._memory.batches import LoaderMemory
 from .._memory.device import CopyStream, resolve_device, resolve_pin
 from .._errors import LoaderClosedError, SampleError, StateError, describe, is_fatal
 from .capabilities import Capabilities
-from .autotune import Tuner
+from .chooser import Chooser, ExecutionReport
+from .policy import INLINE, Candidate, Mode, Space, processes, threads
 from .processes import Execution
+from .tasksize import Gate, RowCost
 from .iterable import IterablePipeline
 from .handoff import PassConfig
-from .pipeline import Batch, LayoutHolder, Pipeline, sample_error
+from .pipeline import Batch, LayoutHolder, PassExecution, Pipeline, sample_error
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
-from .gilprobe import FAST_FOR_S, QUIET_BUDGET, QUIET_PERIOD_S
+from .gilprobe import QUIET_BUDGET, QUIET_PERIOD_S
 from .runtime import Runtime
 from .._memory.slots import SlotRing
 from .accounting import Accounting
@@ -196,8 +199,8 @@ class AsyncLoader(Generic[T_co]):
             require("tqdm", "AsyncLoader(progress=True)")
         self.log_every = log_every
         self.num_threads = num_threads or default_threads()
-        # how many of the threads run: adapted by measurement unless num_threads is given
-        self._tuner = Tuner(self.num_threads, available_cores(), adaptive=num_threads is None)
+        self._threads_given = num_threads is not None
+        self._row_cost = RowCost()  # what a row costs: sizes the decode tasks
         self.device = resolve_device(device)
         # with a transfer of the user's, pinning is its pin(): no CUDA check here
         self.pin_memory = resolve_pin(pin_memory, self.device) if copy_stream is None \
@@ -215,12 +218,12 @@ class AsyncLoader(Generic[T_co]):
         self._collate = collate_fn if auto else (lambda samples: collate_fn(samples[0]))
         self._caps = Capabilities.of(dataset)
         self.prefetch = prefetch or self._default_prefetch()
-        # threads, or a process stage for GIL-bound per-sample code (see processes)
+        # where samples run: measured among the candidates (see policy, chooser)
         self.execution = execution
-        self._exec = Execution(execution, dataset,
-                               num_workers if num_workers > 0 else available_cores(),
-                               multiprocessing_context, worker_init_fn,
-                               capacity=self.prefetch + 2)
+        workers = num_workers if num_workers > 0 else available_cores()
+        self._exec = Execution(execution, dataset, workers, multiprocessing_context,
+                               worker_init_fn, capacity=self.prefetch + 2)
+        self._chooser = self._make_chooser(execution, workers)
         self._exec_finalizer = weakref.finalize(self, self._exec.close)
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
         transfer = self.device is not None or copy_stream is not None
@@ -246,6 +249,27 @@ class AsyncLoader(Generic[T_co]):
         super().__setattr__(name, value)
 
     # ---------------------------------------------------------------- config
+    def _make_chooser(self, execution: str, workers: int) -> Chooser:
+        """The execution chooser for ``execution``: a fixed candidate where the
+        arguments fix one (``inline``, ``processes``, ``num_threads=N``, an
+        ``IterableDataset``), else the candidates to measure."""
+        pinned: Candidate | None = None
+        if execution == "inline":
+            pinned = INLINE
+        elif execution == "processes":
+            pinned = processes(workers)
+        elif self._threads_given or self._iterable:
+            pinned = threads(self.num_threads)
+        if pinned is not None:
+            return Chooser(None, pinned)
+        cores = available_cores()
+        ladder = Space.thread_ladder(cores, self.num_threads)
+        start = threads(min(cores, self.num_threads))
+        with_processes = execution == "auto" and not self._use_fetch
+        return Chooser(Space(ladder=ladder, start=start, cores=cores,
+                             process=processes(workers) if with_processes else None,
+                             inline=execution == "auto"))
+
     @property
     def _use_fetch(self) -> bool:
         return self._caps.use_fetch
@@ -257,7 +281,7 @@ class AsyncLoader(Generic[T_co]):
     def _default_prefetch(self) -> int:
         per_batch = self.batch_size or 1
         # rows in flight: four per thread (a task may hold two rows that mostly
-        # wait, see autotune.rows_per_task; with many threads the consumer's cadence
+        # wait, see tasksize.rows_per_task; with many threads the consumer's cadence
         # needs the slack: 128 threads of 5 ms sleeps ran 7% faster with it)
         want = 4 * self.num_threads
         if self._use_fetch:
@@ -312,8 +336,15 @@ class AsyncLoader(Generic[T_co]):
         return LoaderStats(epoch=s.epoch, batches=s.batches, samples=s.samples,
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
                            path=s.path, skipped=list(s.skipped),
-                           execution=self._exec.describe() or self._tuner.describe(),
+                           execution=self._execution_report(),
                            io=self._io_stats(), **observe(self._acct, available_cores()))
+
+    def _execution_report(self) -> ExecutionReport:
+        report = self._chooser.report()
+        failed = self._exec.failed
+        if failed and not report.detail:
+            report = dataclasses.replace(report, detail=failed)
+        return report
 
     def _io_stats(self) -> IOStats | None:
         if not self._use_fetch:
@@ -386,31 +417,27 @@ class AsyncLoader(Generic[T_co]):
             progress.stream = tracker
             return stream_pipeline, progress
         plan, progress = self._start_plan(resume)
+        chooser = self._chooser
+        if self._exec.stage is not None and chooser.current.mode is not Mode.PROCESSES:
+            self._exec.close()  # workers left idle by the last pass's choice
+        base_seed = getattr(self._plan, "base_seed", None)
+        if base_seed is None:
+            base_seed = (self.seed or 0) + self._epoch
+        ex, quiet = self._exec, runtime.pool.quiet
+        execution = PassExecution(
+            gate=Gate(chooser.current.count if chooser.current.mode is Mode.THREADS else 0),
+            row_cost=self._row_cost, chooser=chooser,
+            stage_for=lambda: ex.stage_for(base_seed, quiet))
         pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,
                             layouts=self._layouts, runtime=runtime, memory=self._memory,
-                            copy=self._copy)
+                            copy=self._copy, execution=execution)
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
-        pipeline.tuner = self._tuner
-        pipeline.gate = self._tuner.gate_for_pass(run_delay=pipeline.acct.threads_run_delay,
-                                                  gil_held=pipeline.acct.gil_held,
-                                                  consumer_wait=pipeline.acct.consumer_wait)
         pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
-        pipeline.inline = self._tuner.inline is not None  # see Tuner.run_inline
-        if self._tuner.undecided:  # the first windows decide: wake the GIL probe often
-            pipeline.acct.probe.fast_for = FAST_FOR_S
-        elif not self._tuner.adaptive:  # only stats() reads it: what it costs a thread
-            probe = pipeline.acct.probe                  # holding the GIL is bounded,
-            probe.period = QUIET_PERIOD_S                # across passes too (see gilprobe)
-            probe.budget = QUIET_BUDGET
-            if self._acct is not None:
-                probe.not_before = self._acct.probe.next_wake
-        if self.execution != "threads" and not self._use_fetch:
-            ex, tuner = self._exec, self._tuner
-            base_seed = getattr(self._plan, "base_seed", None)
-            if base_seed is None:
-                base_seed = (self.seed or 0) + self._epoch
-            quiet = runtime.pool.quiet
-            pipeline.stage_for = lambda: ex.stage_for(base_seed, tuner.processes_why, quiet)
+        probe = pipeline.acct.probe    # only stats() reads it: what it costs a thread
+        probe.period = QUIET_PERIOD_S  # holding the GIL is bounded, across passes too
+        probe.budget = QUIET_BUDGET    # (see gilprobe)
+        if self._acct is not None:
+            probe.not_before = self._acct.probe.next_wake
         return pipeline, progress
 
     def _stateful_sampler(self) -> Any:

@@ -27,6 +27,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from .._errors import LoaderClosedError, SampleError, is_fatal, rebuild_error
@@ -35,52 +36,16 @@ from .._memory.slots import Slot
 from ..protocols import DeviceTransfer, NamedSamples
 from . import processes, rowtasks
 from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
-from .autotune import PROCESS_MIN_ROW_S, Gate, Tuner, rows_per_task
 from .capabilities import Capabilities
+from .chooser import Chooser
 from .handoff import BatchHandoff, BatchMemory, PassConfig
 from .layout import Layout, LayoutMismatch
 from .readahead import ReadAhead
+from .policy import Candidate, Mode
 from .runtime import Runtime
+from .tasksize import Gate, RowCost, rows_per_task
 
 log = logging.getLogger("asyncfeed")
-
-
-#: a row that costs less CPU than this, measured alone, and spends most of its time on
-#: a core (not waiting for I/O) is "tiny": handing the GIL between threads costs more
-#: than such a row, so the pass runs one thread (the process stage does not take rows
-#: this cheap either, see ``autotune.PROCESS_MIN_ROW_S``)
-TINY_ROW_CPU_S = PROCESS_MIN_ROW_S
-TINY_ON_CORE = 0.25    # ... and its CPU time is at least this share of its wall time
-#: a row cheaper than this (a no-op sample, a row of an in-RAM tensor) is loaded by the
-#: consumer while it waits: waking a thread and handing the batch back cost more than
-#: the rows (DataLoader's num_workers=0, with the rows written in place).  The most a
-#: batch can then cost the consumer: batch size x this (2 ms for 256 rows)
-INLINE_ROW_CPU_S = 8e-6
-SIZING_TASKS = 2       # tasks run alone at the start of a fresh tuner's first pass
-PAIR_THREADS = 2       # then threads run tasks side by side (see Pipeline.sized) ...
-PAIR_S = 0.01          # ... starting tasks for this long (two switch intervals)
-PAIR_QUEUED = 0.15     # a pair that waited this share of its task time for a core ran
-PAIR_ROUNDS = 3        # on one (the scheduler had put both threads there): once more,
-                       # up to this many rounds in all
-TINY_HOLD = 16         # decision rounds the tuner then keeps one thread before probing
-
-
-class _Pairing:
-    """Tasks run side by side after the sizing ones (see :meth:`Pipeline.sized`)."""
-
-    def __init__(self, row_cpu: float, on_core: float, delay0: float | None,
-                 round: int = 1, convoys: int = 0) -> None:
-        self.row_cpu = row_cpu   # the rows measured alone
-        self.on_core = on_core
-        self.round = round
-        self.convoys = convoys   # earlier rounds that read a convoy (Tuner.pair_convoy)
-        self.t0 = time.perf_counter()
-        self.delay0 = delay0     # the decode threads' run-queue delay then
-        self.closed = False      # no task starts after this (the gate is at 0)
-        self.running = 0
-        self.rows = 0
-        self.wall = 0.0
-        self.cpu = 0.0
 
 
 class LayoutHolder:
@@ -104,6 +69,19 @@ class LayoutHolder:
             if not self.decided:
                 self.layout = Layout.infer(sample)
                 self.decided = True
+
+
+@dataclass(frozen=True)
+class PassExecution:
+    """Where a pass's rows may run, given when it is built: the gate its decode
+    threads pass (None: every thread runs), what starts or returns the loader's
+    process stage (None: no processes), the loader's row cost means, and its
+    chooser (None: the current setting stays)."""
+
+    gate: Gate | None
+    row_cost: RowCost
+    stage_for: Callable[[], Any] | None = None
+    chooser: Chooser | None = None
 
 
 _NO_RAW = object()
@@ -148,7 +126,8 @@ class Pipeline(BatchHandoff):
 
     def __init__(self, config: PassConfig, *, dataset: Any, caps: Capabilities,
                  plan: Iterator[Any], layouts: LayoutHolder, runtime: Runtime,
-                 memory: BatchMemory, copy: DeviceTransfer | None) -> None:
+                 memory: BatchMemory, copy: DeviceTransfer | None,
+                 execution: PassExecution) -> None:
         super().__init__(config, runtime=runtime, copy=copy, memory=memory)
         self.memory: BatchMemory = memory
         self.dataset = dataset
@@ -171,22 +150,22 @@ class Pipeline(BatchHandoff):
                         and not self.use_getitems)
         self._fetch_queue: asyncio.Queue | None = None
         self._fetch_workers: list[asyncio.Task] = []
-        # set by the loader after construction: its thread tuner and this pass's gate
-        self.tuner: Tuner | None = None
-        self._gate: Gate | None = None
         self.row_writer: tuple[Layout, Any] | None = None  # rowtasks' cached writer
-        # set by the loader: the process stage batches should go to now (None: threads)
-        self.stage_for: Callable[[], Any] | None = None
-        self.stage: Any = None   # the process stage this pass used
-        self._stage_asked = False
-        # the first tasks' (rows, wall, cpu) while they run alone (see sized)
-        self.sizing: list[tuple[int, float, float]] | None = None
-        self._sizing_checked = False
-        # then the tasks run side by side (see sized); the gate held at 0 after them
-        # until the consumer has started the process stage (see _start_stage)
-        self.pairing: _Pairing | None = None
-        self._gate_held = False
+        # where rows run: the chooser applies its candidates through apply()
+        self.row_cost = execution.row_cost
+        self._gate = execution.gate
+        runtime.pool.admit(execution.gate)
+        self._stage_for = execution.stage_for
+        self._chooser = execution.chooser
+        self.stage: Any = None      # the process stage rows go to now (None: threads)
+        self._stages: list[Any] = []  # every stage this pass used (dropped at its end)
+        self.rows_completed = 0     # rows loaded or failed so far (under cond) ...
+        self.completions = 0        # ... reported by this many tasks or worker replies,
+        self.last_completion = 0.0  # ... the last at this perf_counter() time
+        if execution.chooser is not None:
+            self.tick = self._tick_execution
         self.acct.resources = self._resources()
+        self._thread_resources = self.acct.resources
         if isinstance(copy, CopyStream):  # (tests drive the ring with stand-ins)
             self.acct.h2d_source = copy.drain_timings
         if self.readahead is not None:  # reads run there, not in _fetch_one
@@ -197,11 +176,6 @@ class Pipeline(BatchHandoff):
         """How many decode tasks of this pass run at once (None: every thread).  The
         decode pool's threads pass it before they take a task (``TaskPool.admit``)."""
         return self._gate
-
-    @gate.setter
-    def gate(self, gate: Gate | None) -> None:
-        self._gate = gate
-        self.runtime.pool.admit(gate)
 
     def _resources(self) -> tuple[Resource, ...]:
         """Which stages share which capacity (for the accounting's verdict)."""
@@ -293,256 +267,129 @@ class Pipeline(BatchHandoff):
             if not self.runtime.call_in_loop(self._enqueue_fetches, b):
                 self._abandon(b)
         else:
-            stage = self.stage_for() if self.stage_for is not None else None
-            if stage is not None and processes.submit_batch(self, stage, b):
-                self._use_stage(stage)
-                return
-            start = 0
+            stage = self.stage
+            if stage is not None:
+                if processes.submit_batch(self, stage, b):
+                    return
+                self._stage_stopped()
             running = self.gate.limit if self.gate is not None else self.runtime.num_threads
-            if not self._sizing_checked:
-                self._sizing_checked = True
-                if self._start_sizing():
-                    # one row per sizing task: what a row costs is known after two
-                    # rows, not after two runs of a quarter batch on one thread
-                    start = min(SIZING_TASKS, b.n - 1)
-                    running = self.runtime.num_threads  # every thread runs after them
-            # runs of rows per pool task, sized by the measured cost of a row: tiny
-            # samples in batch-sized tasks (see rowtasks, autotune.rows_per_task)
-            t = self.tuner
-            if self.gate is None and running == 1:
-                # one pinned thread: splitting the batch only adds tasks (a queue
-                # hand-off, a report, the bookkeeping and a deferred write each)
+            if running <= 1:
+                # one thread (or the consumer, inline): splitting the batch only adds
+                # tasks (a queue hand-off, a report, the bookkeeping and a deferred write)
                 step = b.n
             else:
-                step = rows_per_task(b.n, running, t.row_cost_s if t is not None else None,
-                                     t.row_cpu_s if t is not None else None)
-            bounds = [(lo, lo + 1) for lo in range(start)] + \
-                [(lo, min(lo + step, b.n)) for lo in range(start, b.n, step)]
-            for lo, hi in bounds:
-                if self.runtime.submit(rowtasks.run_rows, self, b, lo, hi) is None:
+                # runs of rows per pool task, sized by the measured cost of a row:
+                # tiny samples in batch-sized tasks (see rowtasks, tasksize.rows_per_task)
+                step = rows_per_task(b.n, running, self.row_cost.wall_s, self.row_cost.cpu_s)
+            for lo in range(0, b.n, step):
+                if self.runtime.submit(rowtasks.run_rows, self, b, lo, min(lo + step, b.n)) \
+                        is None:
                     self._abandon(b)
                     return
+
+    # ------------------------------------------------------------- execution
+    def start(self) -> None:
+        """(consumer thread, at ``iter()``) Run the chooser's current candidate on
+        this pass, then plan the first batches."""
+        if self._chooser is not None:
+            self._chooser.begin_pass(self)
+        self.top_up()
+
+    def completed(self) -> tuple[int, int, float]:
+        """(rows, completions, time of the last) so far (see
+        ``chooser.ExecutionControl``)."""
+        return self.rows_completed, self.completions, self.last_completion
+
+    def waited(self) -> float:
+        """The consumer's wait for batches so far (see ``chooser.ExecutionControl``)."""
+        return self.acct.consumer_wait()
+
+    def count_done(self, rows: int) -> None:
+        """``rows`` rows were reported done by one task or reply (call with ``cond``
+        held)."""
+        self.rows_completed += rows
+        self.completions += 1
+        self.last_completion = time.perf_counter()
+
+    def apply(self, candidate: Candidate) -> bool:
+        """Run the rows of batches not yet started under ``candidate`` (consumer
+        thread; see ``chooser.ExecutionControl``).  Rows already running finish
+        where they are; row tasks still queued for the threads go to a process
+        stage when processes start (``processes.take_over_queued``)."""
+        if self.stopping:
+            return True
+        gate = self.gate
+        if candidate.mode is Mode.PROCESSES:
+            stage = self._stage_for() if self._stage_for is not None else None
+            if stage is None:
+                return False
+            self._use_stage(stage)
+            with self.cond:
+                self.inline = False
+                self.cond.notify_all()
+            if gate is not None:
+                gate.set_limit(max(1, gate.limit))  # threads hand their queued rows over
+            self.top_up()  # more batches may be outstanding now (see _ahead)
+            return True
+        self._leave_stage()
+        inline = candidate.mode is Mode.INLINE
+        if gate is not None:
+            gate.set_limit(0 if inline else candidate.count)
+        with self.cond:
+            self.inline = inline
+            self.cond.notify_all()  # a consumer already waiting runs the tasks now
+        return True
 
     def _use_stage(self, stage: Any) -> None:
         """Rows of this pass go to ``stage`` from now on: batches submitted later
         (``processes.submit_batch``) and the row tasks queued for the threads, taken
         back from the pool in the stage's sizes (``processes.take_over_queued``;
         one a thread took meanwhile is handed over by ``rowtasks.run_rows``)."""
-        first = self.stage is None
-        if first:  # the samples' capacity is the workers now
-            self.acct.gate = None
-            self.acct.resources = (Resource("processes", (FETCH, DECODE, ASSEMBLE),
-                                            stage.num_workers),
-                                   *self.acct.resources[1:])
+        if self.stage is stage:
+            return
+        # the samples' capacity is the workers now
+        self.acct.gate = None
+        self.acct.resources = (Resource("processes", (FETCH, DECODE, ASSEMBLE),
+                                        stage.num_workers), *self._thread_resources[1:])
         self.stage = stage
-        if first:
-            moved = processes.take_over_queued(self, stage)
-            if moved:
-                log.debug("asyncfeed: %d queued rows moved to the process stage", moved)
+        if stage not in self._stages:
+            self._stages.append(stage)
+        moved = processes.take_over_queued(self, stage)
+        if moved:
+            log.debug("%d queued rows moved to the process stage", moved)
 
-    def want_stage(self) -> bool:
-        """The tuner found that samples should run in worker processes (any thread):
-        the consumer starts the stage the next time it waits for a batch (or at
-        its next submit), not when the batches already planned are done.  False
-        if it was asked before (or cannot start in this pass)."""
-        if self.stage_for is None or self._stage_asked or self.stage is not None:
-            return False
-        self._stage_asked = True
-        self.call_waiting(self._start_stage)
-        return True
+    def _tick_execution(self) -> float:
+        """(consumer thread, see ``BatchHandoff.tick``) A stage that stopped is left;
+        then the chooser's tick."""
+        stage = self.stage
+        if stage is not None and not stage.usable:
+            self._stage_stopped()
+        assert self._chooser is not None  # set only with a chooser
+        return self._chooser.tick()
 
-    def _start_stage(self) -> None:
-        """(consumer thread, see :meth:`want_stage`) Start the stage, if it may run;
-        then let the decode threads go again if the pair measure held them (they
-        hand the tasks queued for them to the stage)."""
-        try:
-            if self.stopping or self.stage is not None or self.stage_for is None:
-                return
-            stage = self.stage_for()
-            if stage is not None:
-                self._use_stage(stage)
-                self.top_up()  # more batches may be outstanding now (see _ahead)
-        finally:
-            self._release_gate()
-
-    def _release_gate(self) -> None:
-        """Let the threads the pair measure held at the gate run again (idempotent)."""
-        with self.cond:
-            held, self._gate_held = self._gate_held, False
-        if held and self.gate is not None and self.tuner is not None:
-            self.gate.set_limit(self.tuner.limit)
-
-    def _start_sizing(self) -> bool:
-        """On the first pass of a loader whose thread count adapts (nothing measured
-        yet), let the first ``SIZING_TASKS`` tasks run alone: what a row costs,
-        measured without other threads competing for the GIL, decides whether the
-        pass runs one thread or all of them (see :meth:`sized`).  True if it does."""
-        t, g = self.tuner, self.gate
-        if t is None or g is None or not t.adaptive or t.moves or t.row_cost_s is not None \
-                or g.limit <= 1:
-            return False
-        self.sizing = []
-        g.set_limit(1)
-        return True
-
-    def sized(self, rows: int, wall: float, cpu: float) -> None:
-        """A task that ran alone (see :meth:`_start_sizing`) loaded ``rows`` rows in
-        ``wall`` seconds using ``cpu`` seconds (decode thread).  After
-        ``SIZING_TASKS`` of them (one row each), or one more where those rows cost
-        less than ``TINY_ROW_CPU_S`` (the next task, of many rows, reads a warm
-        row's cost: see below), by the least CPU a row took in any of them: rows
-        cheaper than ``INLINE_ROW_CPU_S`` (at least
-        ``TINY_ON_CORE`` of the time on a core) are loaded by the consumer while it
-        waits, no thread running (``Tuner.run_inline``); tiny rows (less CPU than
-        ``TINY_ROW_CPU_S``) make the tuner run one thread for ``TINY_HOLD`` rounds
-        before it probes for more; anything else lets every running thread go
-        again.  The tuner learns what a row costs alone (``Tuner.sized``)."""
-        with self.cond:
-            got = self.sizing
-            if got is None or rows <= 0:
-                return
-            got.append((rows, wall, cpu))
-            if len(got) < SIZING_TASKS:
-                return
-            if len(got) == SIZING_TASKS and all(r == 1 for r, _, _ in got) \
-                    and min(c for _, _, c in got) < TINY_ROW_CPU_S:
-                # cheap rows, read one at a time: the readings are mostly the first
-                # runs of cold code (a no-op row read 5-8 us in its first two one-row
-                # tasks, 2 us from the sixth on); the next task, of many rows, alone
-                # too, says what a row costs once warm
-                return
-            self.sizing = None
-        row_cpu = min(c / r for r, _, c in got)
-        on_core = max(c / w for _, w, c in got if w > 0) if any(w > 0 for _, w, _ in got) \
-            else 1.0
-        tuner, gate = self.tuner, self.gate
-        assert tuner is not None and gate is not None  # sizing starts only with both
-        try:
-            self._after_sizing(tuner, gate, row_cpu, on_core)
-        except BaseException:
-            gate.set_limit(tuner.limit)  # the gate is at 1: every thread runs again
-            raise
-
-    def _after_sizing(self, tuner: Tuner, gate: Gate, row_cpu: float,
-                      on_core: float) -> None:
-        """(decode thread, see :meth:`sized`) What the rows measured alone decide."""
-        if row_cpu < INLINE_ROW_CPU_S and on_core >= TINY_ON_CORE:
-            tuner.run_inline(f"a row costs {row_cpu * 1e6:.1f} us of CPU, measured alone")
-            with self.cond:
-                self.inline = True
-                self.cond.notify_all()  # a consumer already waiting runs the tasks now
-            return
-        if row_cpu < TINY_ROW_CPU_S and on_core >= TINY_ON_CORE:
-            tuner.start_with(1, f"a row costs {row_cpu * 1e6:.0f} us of CPU, measured alone: "
-                                "one thread", hold=TINY_HOLD)
-        elif self.stage_for is not None and self.stage is None and not self._stage_asked \
-                and tuner.may_pair(row_cpu, on_core):
-            with self.cond:
-                self.pairing = _Pairing(row_cpu, on_core, tuner.run_delay_now())
-            gate.set_limit(PAIR_THREADS)
-            return
-        tuner.sized(row_cpu, on_core)
-        gate.set_limit(tuner.limit)
-
-    def pair_task_starts(self) -> bool:
-        """(decode thread, at a task's start) Whether the task counts in the pair
-        measure (see :meth:`sized`); the first to start ``PAIR_S`` after the
-        measure began closes it: no thread takes a task after its current one."""
-        with self.cond:
-            pr = self.pairing
-            if pr is None:
-                return False
-            pr.running += 1
-            if not pr.closed and time.perf_counter() - pr.t0 >= PAIR_S:
-                self._close_pairing(pr)
-            return True
-
-    def _close_pairing(self, pr: _Pairing) -> None:
-        pr.closed = True
+    def _stage_stopped(self) -> None:
+        """(consumer thread) The stage took no more work (a worker died): rows run
+        in this process again, on every thread, and the chooser counts processes
+        out."""
+        stage = self.stage
+        if stage is not None and self._chooser is not None:
+            self._chooser.note(f"processes stopped ({stage.broken})")
+        self._leave_stage()
         if self.gate is not None:
-            self.gate.set_limit(0)
-
-    def drop_pairing(self) -> None:
-        """Give up the pair measure (its bookkeeping failed): every running thread goes
-        again (idempotent, any thread)."""
+            self.gate.set_limit(self.runtime.num_threads)
         with self.cond:
-            pr, self.pairing = self.pairing, None
-            held, self._gate_held = self._gate_held, False
-        if (pr is not None or held) and self.gate is not None and self.tuner is not None:
-            self.gate.set_limit(self.tuner.limit)
+            self.inline = False
+        if self._chooser is not None:
+            self._chooser.lost(Candidate(Mode.THREADS, self.runtime.num_threads))
 
-    def paired(self, rows: int, wall: float, cpu: float) -> None:
-        """(decode thread) A task counted in the pair measure ended: ``rows`` rows in
-        ``wall`` seconds, ``cpu`` of them on a core.  Once the measure is closed
-        and its tasks are done, the tuner judges it (``Tuner.paired``).  Where it
-        finds the GIL and the consumer waits for a batch, the threads stay at the
-        gate (none runs: no wait before the fork) until the consumer has started
-        the process stage; else every running thread goes again."""
-        with self.cond:
-            pr = self.pairing
-            if pr is None:
-                return
-            pr.running -= 1
-            pr.rows += rows
-            pr.wall += wall
-            pr.cpu += cpu
-            if not pr.closed and time.perf_counter() - pr.t0 >= PAIR_S:
-                self._close_pairing(pr)  # this thread leaves the gate after its task
-            if not pr.closed or pr.running > 0:
-                return
-            self.pairing = None
-            consumer_waits = self._awaited is not None
-        tuner, gate = self.tuner, self.gate
-        assert tuner is not None and gate is not None  # pairing starts only with both
-        try:
-            self._judge_pair(tuner, gate, pr, consumer_waits)
-        except BaseException:
-            gate.set_limit(tuner.limit)  # the gate is at 0: never leave the threads parked
-            raise
-
-    def _judge_pair(self, tuner: Tuner, gate: Gate, pr: _Pairing,
-                    consumer_waits: bool) -> None:
-        """(decode thread, see :meth:`paired`) The closed pair ``pr`` measured again,
-        or judged: the gate (at 0 now) back at the tuner's limit, or held at 0
-        for the consumer to start the process stage."""
-        span = time.perf_counter() - pr.t0
-        end = tuner.run_delay_now()
-        delay = None if end is None or pr.delay0 is None else end - pr.delay0
-        queued = delay is not None and delay >= PAIR_QUEUED * pr.wall
-        marginal = tuner.pair_marginal(span, pr.wall, pr.cpu, delay)
-        undecided = tuner.pair_undecided(span, pr.wall, pr.cpu, delay)
-        convoys = pr.convoys + tuner.pair_convoy(span, pr.wall, pr.cpu)
-        unheard = tuner.pair_gil(span, pr.wall, pr.cpu, delay) and not tuner.probe_can_tell()
-        if (queued or marginal or undecided or unheard
-                or not tuner.pair_overlapped(span, pr.wall)) \
-                and pr.round < PAIR_ROUNDS and not tuner.convoys_tell(convoys):
-            # woken by a thread still running, the other thread was queued on that
-            # thread's core (the scheduler moves it within a few milliseconds), or
-            # started too late to overlap it: the pair says nothing about the GIL yet;
-            # or it read the GIL by a small margin only, or before the GIL probe can
-            # say whether it found the GIL held, or neither the GIL nor free: once
-            # more, unless its convoys already tell (Tuner.convoys_tell)
-            log.debug("asyncfeed: two threads side by side waited %.1f ms for a core, "
-                      "%.1f ms of tasks (%.1f ms on a core) in %.1f ms%s: measuring again",
-                      (delay or 0.0) * 1e3, pr.wall * 1e3, pr.cpu * 1e3, span * 1e3,
-                      ", the GIL by a small margin" if marginal
-                      else ", the GIL before the probe can say" if unheard
-                      else ", neither the GIL nor free" if undecided else "")
-            with self.cond:
-                if not self.stopping:
-                    self.pairing = _Pairing(pr.row_cpu, pr.on_core, end, pr.round + 1,
-                                            convoys)
-                    gate.set_limit(PAIR_THREADS)
-                    return
-        tuner.sized(pr.row_cpu, pr.on_core)
-        if tuner.paired(pr.rows, span, pr.wall, pr.cpu, delay, convoys=convoys) and consumer_waits:
-            with self.cond:
-                self._gate_held = True
-            if self.want_stage():
-                return
-            self._release_gate()
+    def _leave_stage(self) -> None:
+        """Rows of batches submitted from now on run in this process again; the
+        stage's rows in flight finish there."""
+        if self.stage is None:
             return
-        gate.set_limit(tuner.limit)
+        self.stage = None
+        self.acct.resources = self._thread_resources
+        self.acct.gate = self.gate
 
     def _submit_task(self, fn: Callable[..., None], *args: Any) -> None:
         if self.runtime.submit(fn, *args) is None:
@@ -557,8 +404,10 @@ class Pipeline(BatchHandoff):
             self.readahead.close()
         if self.gate is not None:
             self.gate.open()  # no decode thread may stay parked when the pool is joined
-        if self.stage is not None:
-            self.stage.drop_pipeline(self)
+        for stage in self._stages:
+            stage.drop_pipeline(self)
+        if self._chooser is not None:
+            self._chooser.end_pass(self)
 
     # ------------------------------------------------------------- event loop
     def _enqueue_fetches(self, b: Batch) -> None:
@@ -699,6 +548,7 @@ class Pipeline(BatchHandoff):
             b.done[row] = 1
             b.remaining -= 1
             last = b.remaining == 0
+            self.count_done(1)
         if last:
             self._finish(b)
 
@@ -713,6 +563,8 @@ class Pipeline(BatchHandoff):
         self.acct.end(DECODE, t, b.n)
         b.done[:] = b"\x01" * b.n
         b.remaining = 0
+        with self.cond:
+            self.count_done(b.n)
         self._finish(b)
 
     def _finish(self, b: Batch) -> None:

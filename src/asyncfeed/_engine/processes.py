@@ -67,6 +67,7 @@ from .._memory.hostpool import buffers_over
 from .accounting import DECODE
 from .layout import _PY_SCALARS, Layout, LayoutMismatch
 from .exithooks import OpenSet
+from .tasksize import RowCost
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import Batch, Pipeline
@@ -593,19 +594,16 @@ class ProcessStage:
             self._collector.start()
         return True
 
-    def row_cost(self, tuner: Any) -> float | None:
+    def row_cost(self, cost: RowCost | None) -> float | None:
         """What a row costs in a worker, to size its tasks (``rows_per_process_task``):
         measured there once a task came back.  Before, the least of the threads'
-        figures (``tuner``'s): a row's CPU time alone, or its running means of CPU
-        and wall time.  Those means still carry the first rows' imports, and the
-        wall time the GIL waits of the rows beside it: on workload (c) they read
-        17-25 ms for 7 ms rows, and the tasks held 2-3 rows, not 7."""
+        running means (``cost``) of a row's CPU and wall time: the wall time
+        carries the GIL waits of the rows beside it."""
         if self.row_s is not None:
             return self.row_s
-        if tuner is None:
+        if cost is None:
             return None
-        known = [x for x in (tuner.alone[0] if tuner.alone else None, tuner.row_cpu_s,
-                             tuner.row_cost_s) if x]
+        known = [x for x in (cost.cpu_s, cost.wall_s) if x]
         return min(known) if known else None
 
     def pids(self) -> list[int]:
@@ -663,10 +661,10 @@ class ProcessStage:
         forget, self._forget = self._forget, []
         return forget
 
-    def task_rows(self, n: int, tuner: Any) -> int:
+    def task_rows(self, n: int, cost: RowCost | None) -> int:
         """Rows per task for a batch of ``n`` (``rows_per_process_task`` at
         :meth:`row_cost`)."""
-        return rows_per_process_task(n, self.num_workers, self.row_cost(tuner))
+        return rows_per_process_task(n, self.num_workers, self.row_cost(cost))
 
     def _send(self, wid: int, tid: int, task: tuple[Any, ...], forget: list[str]) -> bool:
         try:
@@ -802,7 +800,7 @@ class ProcessStage:
                 f"asyncfeed worker process {wid} (pid {pid}) {why} while loading samples "
                 f"{samples[:16]}{'...' if len(samples) > 16 else ''}; the loader stopped "
                 "using processes for the rest of its life")
-        log.warning("asyncfeed: %s", error)
+        log.warning("%s", error)
         for _, (p, b, lo, hi, *_) in held:
             for row in range(lo, hi):
                 p._note_failure(b, row, b.indices[row], error)
@@ -914,7 +912,7 @@ def submit_batch(p: Pipeline, stage: ProcessStage, b: Batch) -> bool:
             b.bufs = bufs
         else:
             path = stage.buffers.path_of(b.bufs)
-    step = stage.task_rows(b.n, p.tuner)
+    step = stage.task_rows(b.n, p.row_cost)
     spans = [(lo, min(lo + step, b.n)) for lo in range(0, b.n, step)]
     for i, (lo, hi) in enumerate(spans):
         if not stage.submit(p, b, lo, hi, path):
@@ -972,7 +970,7 @@ def take_over_queued(p: Pipeline, stage: ProcessStage) -> int:
             moved += b.n
             continue
         path = stage.buffers.path_of(b.bufs) if b.bufs else None
-        step = stage.task_rows(b.n, p.tuner)
+        step = stage.task_rows(b.n, p.row_cost)
         chunks = [(lo, min(lo + step, hi0)) for lo0, hi0 in merged
                   for lo in range(lo0, hi0, step)]
         for i, (lo, hi) in enumerate(chunks):
@@ -983,25 +981,23 @@ def take_over_queued(p: Pipeline, stage: ProcessStage) -> int:
     return moved
 
 
-EXECUTIONS = ("auto", "threads", "processes")
+EXECUTIONS = ("auto", "inline", "threads", "processes")
 
 
 class Execution:
-    """Where a loader's map-style samples run: its decode threads, or a process stage.
+    """A loader's process stage: started when the execution chooser runs the
+    process candidate (or from the first batch with ``execution="processes"``),
+    and kept for the loader's later passes while that candidate is chosen.
 
-    ``"threads"``: always the threads.  ``"processes"``: a process stage from the
-    first batch on.  ``"auto"``: threads, until the loader's tuner has measured
-    that the per-sample function holds the GIL (see ``Tuner.processes_why``); the
-    stage is then started and takes every batch submitted after that.  Owned by
-    the loader; ``close()`` is idempotent and also runs when the loader is
-    garbage-collected or the interpreter exits.
+    Owned by the loader; ``close()`` is idempotent and also runs when the loader
+    is garbage-collected or the interpreter exits.
     """
 
     def __init__(self, mode: str, dataset: Any, workers: int, context: Any,
                  worker_init_fn: Callable[[int], None] | None, capacity: int) -> None:
         if mode not in EXECUTIONS:
             raise ValueError(f"execution must be one of {', '.join(EXECUTIONS)}, got {mode!r}")
-        if mode != "threads" and context is not None:
+        if mode in ("auto", "processes") and context is not None:
             resolve_context(context)  # a bad start method is an error now, not mid-pass
         self.mode = mode
         self.dataset = dataset
@@ -1010,27 +1006,22 @@ class Execution:
         self.worker_init_fn = worker_init_fn
         self.capacity = capacity
         self.stage: ProcessStage | None = None
-        self.reason = ""
         self.failed: str | None = None
-        self._ran: ProcessStage | None = None
         self._retry_after = 0.0  # (monotonic) no start before: see ProcessStage.start
         self._lock = threading.Lock()
 
-    def stage_for(self, base_seed: int, processes_why: str | None,
+    def stage_for(self, base_seed: int,
                   quiet: Callable[[float], ContextManager[bool]] | None = None
                   ) -> ProcessStage | None:
-        """The started stage batches should go to now, or None for threads (also while
-        a stage waits to start: ``quiet``, see :meth:`ProcessStage.start`)."""
-        if self.mode == "threads" or self.failed is not None:
-            return None
-        if self.mode == "auto" and processes_why is None:
+        """The started stage, started now if need be; None when it cannot run now
+        (it failed to start or stopped: ``failed`` says why; or the decode threads
+        did not go quiet for the fork: ``quiet``, see :meth:`ProcessStage.start`)."""
+        if self.failed is not None:
             return None
         if self.stage is None and time.monotonic() < self._retry_after:
             return None  # the threads did not go quiet a moment ago: not again yet
         with self._lock:
             if self.stage is None:
-                self.reason = ("execution='processes'" if self.mode == "processes"
-                               else processes_why or "")
                 stage = ProcessStage(self.dataset, self.workers, self.context,
                                      self.worker_init_fn, base_seed, self.capacity)
                 try:
@@ -1041,17 +1032,16 @@ class Execution:
                         raise AsyncFeedError(f"the process stage could not start: "
                                              f"{type(e).__name__}: {e}") from e
                     self.failed = f"processes could not start ({type(e).__name__}: {e})"
-                    log.warning("asyncfeed: %s; staying on threads", self.failed)
+                    log.warning("%s; staying in this process", self.failed)
                     return None
                 if not started:
                     stage.close()
                     self._retry_after = time.monotonic() + QUIET_RETRY_S
-                    log.debug("asyncfeed: the decode threads did not go quiet for the "
-                              "fork: the process stage starts later")
+                    log.debug("the decode threads did not go quiet for the fork: "
+                              "the process stage starts later")
                     return None
                 self.stage = stage
-                log.debug("asyncfeed: process stage started (%d workers): %s",
-                          self.workers, self.reason)
+                log.debug("process stage started (%d workers)", self.workers)
         stage = self.stage
         if not stage.usable:
             if self.failed is None:
@@ -1059,21 +1049,9 @@ class Execution:
             return None
         return stage
 
-    def describe(self) -> str | None:
-        """What ran, for ``stats().execution`` (None: threads only)."""
-        stage = self.stage or self._ran
-        if stage is not None:
-            failed = self.failed or (f"processes stopped ({stage.broken})"
-                                     if stage.broken is not None else None)
-            state = f"; then {failed}" if failed else ""
-            return f"processes: {stage.num_workers} workers ({self.reason}{state})"
-        if self.failed is not None:
-            return self.failed
-        return None
-
     def close(self) -> None:
+        """Stop the stage's workers (idempotent); a later ``stage_for`` starts anew."""
         with self._lock:
             stage, self.stage = self.stage, None
         if stage is not None:
             stage.close()
-            self._ran = stage  # describe() after close still says what ran

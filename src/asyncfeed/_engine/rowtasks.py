@@ -7,9 +7,9 @@ arrays, tensors and Python scalars (the common ``(image, label)``), else
 through :meth:`Layout.write_row`.  The batch's bookkeeping is updated once per
 task.  Failures are noted per row, as the pipeline does for single samples.
 
-Every task passes the pass's :class:`~.autotune.Gate` (how many tasks run at
+Every task passes the pass's :class:`~.tasksize.Gate` (how many tasks run at
 once) and reports its rows, wall and CPU time to the loader's
-:class:`~.autotune.Tuner`.
+:class:`~.tasksize.RowCost` (which sizes the tasks).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def writer_for(p: Pipeline, layout: Layout) -> FlatWriter | None:
 def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
     """Load rows ``lo..hi`` of ``b`` (a decode-pool task; the pool passes the pass's
     gate, see ``Pipeline.gate``), report the task's rows, wall and CPU time to the
-    tuner, and finish ``b`` if they were its last.  Returns at once when the pass
+    row cost means, and finish ``b`` if they were its last.  Returns at once when the pass
     is stopping.  Once the pass has started its process stage (``Pipeline.stage``),
     a task that had not started yet sends its rows there instead (they come back
     pickled: the batch's buffers are not in shared memory)."""
@@ -235,47 +235,26 @@ def run_rows(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
     stage = p.stage
     if stage is not None and stage.submit(p, b, lo, hi, None):
         return
-    paired = p.pairing is not None and p.pair_task_starts()
     try:
         done, wall, cpu = _rows(p, b, lo, hi)
     except BaseException as e:  # noqa: BLE001 - a bug of ours: the batch fails with it
         with p.cond:            # (the pool only logs what a task raises: the consumer
             b.error = b.error or e  # would wait for these rows for ever)
         done, wall, cpu = hi - lo, 0.0, 0.0
-    _report(p, done, wall, cpu, sizing=True, paired=paired)
+    p.row_cost.record(done, wall, cpu)
     if done == hi - lo:
         rows_done(p, b, lo, hi)
 
 
 def _gated(p: Pipeline, load: Callable[..., int], *args: Any) -> int:
     """``load(*args)`` (it returns the rows it loaded), its rows, wall and thread CPU
-    time reported to the tuner (the pass's gate is passed in the pool, see
+    time reported to the row cost means (the pass's gate is passed in the pool, see
     ``Pipeline.gate``)."""
     t0, c0 = time.perf_counter(), time.thread_time()
     done = load(*args)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    _report(p, done, wall, cpu, sizing=False)
+    p.row_cost.record(done, wall, cpu)
     return done
-
-
-def _report(p: Pipeline, rows: int, wall: float, cpu: float, sizing: bool,
-            paired: bool = False) -> None:
-    """A task's rows, wall and thread CPU time to the tuner (and, with ``sizing``, to
-    the pass's first-task sizing; with ``paired``, to its pair measure).  A
-    failure there is logged: the rows are done, only tuning is lost."""
-    try:
-        tuner = p.tuner
-        if tuner is not None:
-            tuner.record(rows, wall, cpu)
-        if paired:
-            p.paired(rows, wall, cpu)
-        if sizing and p.sizing is not None:
-            p.sized(rows, wall, cpu)
-        if tuner is not None and tuner.processes_why is not None:
-            p.want_stage()
-    except Exception:  # noqa: BLE001
-        log.exception("asyncfeed: the adaptive thread count failed")
-        p.drop_pairing()  # no thread may stay parked at a gate the pair measure closed
 
 
 def _rows(p: Pipeline, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
@@ -438,6 +417,7 @@ def rows_done(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
         b.done[lo:hi] = b"\x01" * (hi - lo)
         b.remaining -= hi - lo
         last = b.remaining == 0
+        p.count_done(hi - lo)
     if last:
         p._finish(b)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
+from .policy import ExecutionReport
 
 log = logging.getLogger("asyncfeed")
 
@@ -56,10 +57,11 @@ class LoaderStats:
     ``path`` says how batches were built (``"ring"``: decoded straight into batch
     slots; ``"collate"``: per-sample objects collated; ``"batch"``:
     ``__getitems__``; ``"iterable"``), ``slot_waits`` counts times a pinned slot
-    was still being copied when it was needed again, ``execution`` says how
-    samples were loaded and why (``"threads: 1 of 4 running (adaptive)"``: the
-    measured rate chose one running decode thread; ``"threads: 8 (pinned)"``:
-    ``num_threads`` was given), ``io`` counts reads on the event loop
+    was still being copied when it was needed again, ``execution`` says where
+    samples are loaded and why (:class:`~asyncfeed.ExecutionReport`: the mode,
+    ``"inline"``, ``"threads"`` or ``"processes"``, the thread or worker count, the
+    candidates measured with their rates, a reason code; its ``str()`` is a
+    sentence), ``io`` counts reads on the event loop
     (:class:`IOStats`; None when reads run in the decode threads).
 
     Where the time of the current (or last) pass went (``docs/observability.md``):
@@ -106,7 +108,7 @@ class LoaderStats:
     slot_waits: int = 0
     path: str = ""
     skipped: list[SkippedSample] = field(default_factory=list)
-    execution: str = ""
+    execution: ExecutionReport | None = None
     io: IOStats | None = None
     stages: Mapping[str, StageStats] = field(default_factory=dict)
     gil_share: float = 0.0

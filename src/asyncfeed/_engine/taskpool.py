@@ -18,7 +18,7 @@ random generator lock, which the child would inherit locked) at the fork.
 ``wait`` joins the threads (a task already running is finished first).
 
 ``admit(gate)`` (or ``gate=`` at construction) makes a thread pass ``gate`` (an
-object with ``enter``, ``leave`` and ``open``, see ``autotune.Gate``) before it
+object with ``enter``, ``leave`` and ``open``, see ``tasksize.Gate``) before it
 takes a task; a thread keeps its place from task to task and leaves when the
 gate says it is over its limit (``over``).  Threads beyond the limit wait
 there, holding no task (a thread already waiting for a task when ``admit`` is
@@ -54,11 +54,11 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     try:
         fn(*args)
     except BaseException:  # noqa: BLE001 - tasks report their own errors
-        log.exception("asyncfeed: a decode task raised")
+        log.exception("a decode task raised")
 
 
 class Admission(Protocol):
-    """What ``TaskPool.admit`` takes (``autotune.Gate``)."""
+    """What ``TaskPool.admit`` takes (``tasksize.Gate``)."""
 
     def enter(self) -> None: ...
 
@@ -101,7 +101,7 @@ class TaskPool:
             try:
                 self._initializer()
             except Exception:  # noqa: BLE001 - an optimisation, never a reason to fail
-                log.debug("asyncfeed: decode thread initializer failed", exc_info=True)
+                log.debug("decode thread initializer failed", exc_info=True)
         self._go.wait()
         get = self._q.get
         gate: Admission | None = None  # the gate this thread holds a place in
@@ -145,7 +145,7 @@ class TaskPool:
     def run_one(self) -> bool:
         """Run one queued task in the calling thread; False if none was queued.  For
         the consumer, which loads rows itself while it waits when they are too
-        cheap for a thread (``Tuner.run_inline``); what the task raises is logged
+        cheap for a thread (the ``inline`` execution); what the task raises is logged
         as in the pool's threads."""
         if self._shutdown:
             return False

@@ -1,14 +1,10 @@
-"""Batch-sized decode tasks and the thread count chosen by measurement.
-
-The tuner is driven with synthetic task reports (a clock given explicitly), so
-its decisions are tested without timing anything; the loader tests check that
-whatever it decides, batches stay bit-identical to DataLoader's and no thread
-is left parked or running.
+"""Decode tasks (their size, the gate, the row writer) and candidates switched
+mid-pass: whatever runs the rows, batches stay bit-identical to DataLoader's
+and no thread is left parked or running.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import numpy as np
@@ -16,92 +12,12 @@ import pytest
 import torch
 
 from asyncfeed import AsyncLoader
-from asyncfeed._engine.autotune import WINDOW_S, Gate, Tuner, rows_per_task
+from asyncfeed._engine.policy import INLINE, Mode, processes, threads
+from asyncfeed._engine.tasksize import Gate, rows_per_task
 from asyncfeed._engine.layout import Layout
 from asyncfeed._engine.rowtasks import FlatWriter
 from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import MixedFixed, TupleFixed, assert_parity
-
-
-def _drive(t: Tuner, rate_at, busy_at, windows: int, clock: list[float]) -> list[int]:
-    """Feed ``windows`` measuring windows; each window's rate and busy cores depend
-    on the limit in force.  Returns the limit after each window."""
-    seen = []
-    for _ in range(windows):
-        n = t.limit
-        for _ in range(4):  # four tasks per window, each a quarter of it
-            dt = WINDOW_S / 4 * 1.01
-            clock[0] += dt
-            t.record(max(1, int(rate_at(n) * dt)), dt, busy_at(n) * dt, now=clock[0])
-        seen.append(t.limit)
-    return seen
-
-
-def test_tiny_gil_bound_samples_settle_on_one_thread(caplog):
-    # a GIL convoy: every thread beyond one makes the whole slower
-    t = Tuner(size=4, cores=2, adaptive=True)
-    assert t.gate_for_pass() is not None
-    with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
-        seen = _drive(t, lambda n: 30_000 / n ** 0.5, lambda n: 0.9, 60, [0.0])
-    assert seen[-1] == 1 and t.limit == 1
-    assert t.moves[0][:2] == (4, 1)
-    assert "decode threads 4 -> 1" in caplog.text
-    assert "adaptive" in t.describe() and "1 of 4" in t.describe()
-
-
-def test_busy_threads_that_scale_are_left_alone():
-    # GIL-free decode keeping both cores busy, one thread per core: nothing to gain
-    t = Tuner(size=2, cores=2, adaptive=True)
-    t.gate_for_pass()
-    seen = _drive(t, lambda n: 500 * min(n, 2), lambda n: min(n, 2) * 0.97, 60, [0.0])
-    assert set(seen) == {2} and t.moves == []
-
-
-def test_spare_threads_that_add_nothing_go_and_probes_back_off():
-    # GIL-free decode keeping both cores busy at the default (cores + 2): the spare
-    # threads add no rate, so the limit settles on the cores; probes back up to
-    # them fail and come ever later
-    t = Tuner(size=4, cores=2, adaptive=True)
-    t.gate_for_pass()
-    seen = _drive(t, lambda n: 500 * min(n, 2), lambda n: min(n, 2) * 0.97, 300, [0.0])
-    assert t.moves[0][:2] == (4, 2)
-    assert seen[-1] == 2
-    ups = [m for m in t.moves if m[1] > m[0]]
-    assert 2 <= len(ups) <= 10  # backoff 2, 4, ... 64 decision rounds
-    assert sum(1 for n in seen[20:] if n != 2) <= 25
-
-
-def test_spare_threads_that_cover_stalls_stay():
-    # every core busy, and the spare threads add rate (they read while others
-    # stall): the probe down to the cores is undone and the spare threads stay
-    t = Tuner(size=4, cores=2, adaptive=True)
-    t.gate_for_pass()
-    seen = _drive(t, lambda n: 400 + 100 * n, lambda n: min(n, 2) * 0.97, 300, [0.0])
-    assert t.moves[0][:2] == (4, 2) and t.moves[1][:2] == (2, 4)
-    assert seen[-1] == 4
-    assert sum(1 for n in seen if n != 4) <= 25
-    downs = [m for m in t.moves if m[1] < m[0]]
-    assert 2 <= len(downs) <= 8, t.moves  # ever rarer: 2, 4, ... 64 rounds apart
-
-
-def test_waiting_threads_that_scale_come_back_and_probes_back_off():
-    # threads wait on I/O (few cores busy) yet each one adds rate: a probe down
-    # fails, is undone, and the next probes come ever later (no oscillation)
-    t = Tuner(size=8, cores=2, adaptive=True)
-    t.gate_for_pass()
-    seen = _drive(t, lambda n: 200.0 * n, lambda n: 0.05 * n, 300, [0.0])
-    assert seen[-1] == 8
-    assert sum(1 for n in seen if n != 8) <= 20  # windows spent probing, of 300
-    downs = [i for i, (a, b, _) in enumerate(t.moves) if b < a]
-    assert 2 <= len(downs) <= 10  # backoff 2, 4, ... 64 windows: ~9 in 300
-
-
-def test_pinned_threads_never_move():
-    t = Tuner(size=4, cores=2, adaptive=False)
-    assert t.gate_for_pass() is None
-    _drive(t, lambda n: 30_000 / n, lambda n: 0.5, 40, [0.0])
-    assert t.limit == 4 and t.moves == [] and t.describe() == "threads: 4 (pinned)"
-    assert t.row_cost_s is not None  # still measured, for sizing tasks
 
 
 def test_rows_per_task_hands_tiny_samples_out_in_batches():
@@ -191,21 +107,22 @@ def test_batches_match_dataloader_whatever_runs(ds, threads):
     assert_parity(ds, batch_size=16, shuffle=True, num_threads=threads)
 
 
-def test_limit_moved_mid_pass_keeps_batches_identical():
+def test_candidates_switched_mid_pass_keep_batches_identical():
+    """Inline, threads of every count and worker processes applied by hand while
+    batches are in flight (each switch mid-batch): the batches are DataLoader's."""
     ds = TinyNumpy(600)
     loader_kw = dict(batch_size=8, shuffle=True)
     want = list(torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3),
                                             **loader_kw))
-    with AsyncLoader(ds, generator=torch.Generator().manual_seed(3), **loader_kw) as al:
+    order = [INLINE, threads(1), processes(2), threads(3), INLINE, processes(2), threads(2)]
+    with AsyncLoader(ds, generator=torch.Generator().manual_seed(3), num_threads=3,
+                     **loader_kw) as al:
         it = iter(al)
         got = []
         for k, batch in enumerate(it):
             got.append(batch)
-            if k % 5 == 0:  # move the limit by hand while batches are in flight
-                tuner = al._tuner
-                with tuner._lock:
-                    tuner._set(1 + (k // 5) % tuner.size, "test", 0.0)
-        assert "adaptive" in al.stats().execution
+            if k % 5 == 0:
+                assert it._p.apply(order[(k // 5) % len(order)])
     from support.oracle import assert_same_batches
     assert_same_batches(got, want)
 
@@ -217,9 +134,9 @@ def test_shapes_that_vary_mid_pass_are_collated_like_dataloader(threads):
 
 def test_break_with_parked_threads_leaves_no_thread():
     ds = TinyNumpy(2000)
-    al = AsyncLoader(ds, batch_size=4, prefetch=8)
-    al._tuner.limit = 1  # three of the four decode threads wait at the gate
+    al = AsyncLoader(ds, batch_size=4, prefetch=8, num_threads=4)
     it = iter(al)
+    assert it._p.apply(threads(1))  # three of the four decode threads wait at the gate
     next(it)
     next(it)
     al.close()
@@ -230,4 +147,6 @@ def test_break_with_parked_threads_leaves_no_thread():
 def test_stats_say_which_execution_ran():
     with AsyncLoader(TupleFixed(40), batch_size=8, num_threads=2) as al:
         list(al)
-        assert al.stats().execution == "threads: 2 (pinned)"
+        ex = al.stats().execution
+        assert (ex.mode, ex.count, ex.reason.value) == (Mode.THREADS, 2, "fixed")
+        assert str(ex) == "threads: 2 threads (chosen by the loader's arguments)"

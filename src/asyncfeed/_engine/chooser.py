@@ -1,0 +1,270 @@
+"""The loader's execution choice, driven on the real pass (see :mod:`.policy`).
+
+A :class:`Chooser` belongs to the loader and outlives its passes: the choice it
+settles on carries over to the next pass.  Each map-style pass binds it to an
+:class:`ExecutionControl` (the pipeline): the one interface through which the
+chooser reads the pass (rows and completions so far) and applies a candidate.
+
+Ticks come from the consumer's thread only (each ``next()`` and while it
+waits for a batch), so applying a candidate (forking the worker processes
+included) happens there, never in a decode thread.  A tick that closes a
+window costs a clock read and a few comparisons; a settled choice with
+nothing to re-check costs less.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from .policy import (Candidate, Decision, ExecutionReport, Mode, PolicyConfig, Reason, Record,
+                     Space, Window, decide, drifted, fixed, measured)
+
+log = logging.getLogger("asyncfeed")
+
+#: how often a settled consumer that waits for a batch ticks (seconds): it only
+#: closes windows for the drift check
+SETTLED_TICK_S = 0.25
+
+
+class ExecutionControl(Protocol):
+    """What a pass offers the chooser."""
+
+    def completed(self) -> tuple[int, int, float]:
+        """(rows, completions, time of the last completion) of the pass so far:
+        every row loaded or failed, the tasks or worker replies that reported
+        them, and when the last did (the chooser's clock)."""
+        ...
+
+    def apply(self, candidate: Candidate) -> bool:
+        """Run the pass's rows under ``candidate`` from now on (consumer thread).
+        False when it cannot start now (the process stage did not start); the
+        pass then goes on as before."""
+        ...
+
+    def call_waiting(self, fn: Callable[[], None]) -> None:
+        """Have the consumer thread call ``fn`` as soon as it waits (any thread)."""
+        ...
+
+    def waited(self) -> float:
+        """The consumer's wait for batches so far this pass (seconds)."""
+        ...
+
+    @property
+    def primed(self) -> bool:
+        """Past the pass's start: its rate is the pass's, not the credit filling."""
+        ...
+
+
+class Chooser:
+    """Measures candidates on the loader's passes and applies the decisions.
+
+    ``space``: what may run (None with ``fixed``: the user's choice, nothing
+    measured).  ``clock``: seconds, monotonic (tests pass their own)."""
+
+    def __init__(self, space: Space | None, fixed_choice: Candidate | None = None,
+                 config: PolicyConfig = PolicyConfig(),
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if space is None and fixed_choice is None:
+            raise ValueError("a chooser needs a space or a fixed choice")
+        self.space = space
+        self.config = config
+        self.record = Record()
+        self._clock = clock
+        self.decision: Decision = fixed(fixed_choice) if fixed_choice is not None \
+            else decide(self.record, space, config)  # type: ignore[arg-type]
+        self.fixed = fixed_choice is not None
+        self.current: Candidate = self.decision.run
+        self.detail = ""
+        self._control: ExecutionControl | None = None
+        # the open window: its segment in the current pass (time, rows, completions at
+        # its start) and what earlier passes added to it (seconds, rows, completions):
+        # a window spans passes, so that epochs shorter than a window are measured too
+        self._w0: tuple[float, int, int, float] | None = None
+        self._carried = (0.0, 0, 0, 0.0)
+        self._warmup = config.warmup_windows  # the loader's first windows: threads wake
+        self._recent: collections.deque[float] = collections.deque(
+            maxlen=2 * config.like_windows)
+        self._since_check = 0
+        self._check_wait = config.recheck_windows
+        self._requested: Candidate | None = None
+
+    # ------------------------------------------------------------------ passes
+    def begin_pass(self, control: ExecutionControl) -> None:
+        """(consumer thread, at ``iter()``) Bind the pass and run the current
+        candidate on it; its first windows are not used (threads waking)."""
+        self._control = control
+        self._w0 = None
+        if not control.apply(self.current):
+            self._failed(self.current)
+
+    def end_pass(self, control: ExecutionControl) -> None:
+        """The pass of ``control`` is over: nothing more is read from it (idempotent;
+        any thread: a pass that ends late leaves a later pass bound)."""
+        if self._control is control:
+            self._control = None
+            w0, self._w0 = self._w0, None
+            if w0 is not None:
+                rows, events, last = control.completed()
+                s, r, e, w = self._carried
+                self._carried = (s + last - w0[0], r + rows - w0[1], e + events - w0[2],
+                                 w + control.waited() - w0[3])
+
+    def request(self, candidate: Candidate) -> None:
+        """Run ``candidate`` from now on, nothing measured any more (any thread; the
+        consumer applies it the next time it waits or takes a batch).  For
+        callers that know better than a measurement, and for tests that switch
+        at a chosen moment."""
+        self._requested = candidate
+        control = self._control
+        if control is not None:
+            control.call_waiting(self._take_request)
+
+    def _take_request(self) -> None:
+        c, self._requested = self._requested, None
+        control = self._control
+        if c is None or control is None:
+            return
+        if control.apply(c):
+            self.current = c
+            self.fixed = True
+            self.decision = fixed(c)
+        elif self._requested is None:
+            self._requested = c  # not now (the fork must wait): at a later tick
+
+    def lost(self, fallback: Candidate) -> None:
+        """(consumer thread) The process stage stopped taking work; the pass already
+        runs ``fallback``.  Processes count as unavailable from now on."""
+        if self.current.mode is not Mode.PROCESSES:
+            return
+        self.current = fallback
+        self.record.failed_starts = max(self.record.failed_starts, self.config.start_attempts)
+        if self.fixed or self.space is None:
+            self.decision = fixed(fallback)
+        else:
+            self.decision = decide(self.record, self.space, self.config)
+            if self.decision.run != fallback:
+                self._switch(self.decision.run)
+
+    @property
+    def exploring(self) -> bool:
+        return not self.decision.settled
+
+    # ------------------------------------------------------------------- ticks
+    def tick(self) -> float:
+        """(consumer thread) Close the window if it is due and act on it.  Returns
+        the seconds until the next tick is worth making.  Never raises: a failure
+        here is logged and the current candidate stays, measured no more."""
+        try:
+            return self._tick()
+        except Exception:  # noqa: BLE001 - the pass goes on as it runs now
+            log.exception("the execution choice failed; %s stays", self.current)
+            self.fixed = True
+            return SETTLED_TICK_S
+
+    def _tick(self) -> float:
+        if self._requested is not None:
+            self._take_request()
+        control = self._control
+        if control is None or self.fixed:
+            return SETTLED_TICK_S
+        if self.decision.settled and self.decision.choice_rate is None:
+            return SETTLED_TICK_S  # nothing was measured against: nothing to drift from
+        now = self._clock()
+        rows, events, last = control.completed()
+        w0 = self._w0
+        if w0 is None:  # the pass's first completion once primed opens its first window
+            self._w0 = (last, rows, events, control.waited()) \
+                if events and control.primed else None
+            return self.config.window_s / 4
+        if events == w0[2]:
+            return self.config.window_s / 4
+        # from one completion to another: rows arrive in chunks (a task, a worker's
+        # reply), and a window cut between chunks would count a share of one
+        t0, r0, e0, q0 = w0
+        cs, cr, ce, cq = self._carried
+        elapsed = cs + last - t0
+        if elapsed < self.config.window_s or ce + events - e0 < self.config.window_events:
+            return max(self.config.window_s - elapsed - (now - last),
+                       self.config.window_s / 4)
+        waited = control.waited()
+        self._w0 = (last, rows, events, waited)
+        self._carried = (0.0, 0, 0, 0.0)
+        window = Window(self.current, cr + rows - r0, elapsed,
+                        min(elapsed, max(0.0, cq + waited - q0)))
+        if self._warmup > 0:
+            self._warmup -= 1
+        elif not self.decision.settled:
+            self.record.windows.append(window)
+            self._act()
+        else:
+            self._watch(window)
+        return self.config.window_s if not self.decision.settled else SETTLED_TICK_S
+
+    def _act(self) -> None:
+        assert self.space is not None
+        d = self.decision = decide(self.record, self.space, self.config)
+        if d.settled and d.duels:
+            log.debug("execution settled: %s", self.report())
+        if d.run != self.current:
+            self._switch(d.run)
+
+    def _switch(self, c: Candidate) -> None:
+        control = self._control
+        if control is None:
+            return
+        if not control.apply(c):
+            self._failed(c)
+            return
+        log.debug("execution %s -> %s", self.current, c)
+        # a process stage's first replies come after the fork: that window is not used
+        self._warmup = self.config.warmup_windows if c.mode is Mode.PROCESSES else 0
+        self.current = c
+        self._carried = (0.0, 0, 0, 0.0)
+
+    def _failed(self, c: Candidate) -> None:
+        """``c`` could not start: count it (``start_attempts`` of them make processes
+        unavailable), and go on with the best candidate still possible."""
+        if c.mode is not Mode.PROCESSES or self.space is None:
+            return
+        self.record.failed_starts += 1
+        self.decision = decide(self.record, self.space, self.config)
+        run = self.decision.run
+        if run != c and run != self.current and self._control is not None \
+                and self._control.apply(run):
+            self.current = run
+
+    def _watch(self, window: Window) -> None:
+        """A settled window: re-check the choice (bounded) when its rate drifted."""
+        d = self.decision
+        if d.choice_rate is None:
+            return
+        self._recent.append(window.rate)
+        self._since_check += 1
+        if self._since_check < self._check_wait \
+                or not drifted(d.choice_rate, list(self._recent), d.margin, self.config):
+            return
+        assert self.space is not None
+        log.debug("execution %s drifted from %.0f rows/s: re-checking",
+                  self.current, d.choice_rate)
+        self._since_check = 0
+        self._check_wait *= 2
+        self._recent.clear()
+        self.record.recheck_at.append(len(self.record.windows))
+        self._act()
+
+    # ------------------------------------------------------------------ report
+    def note(self, detail: str) -> None:
+        """Something to say in the report (a process stage that failed)."""
+        self.detail = detail
+
+    def report(self) -> ExecutionReport:
+        d = self.decision
+        c = self.current if not d.settled else d.choice
+        return ExecutionReport(mode=c.mode, count=c.count,
+                               reason=d.reason if d.settled else Reason.EXPLORING,
+                               candidates=measured(self.record), margin=d.margin,
+                               processes_skipped=d.processes_skipped, detail=self.detail)

@@ -1,0 +1,530 @@
+"""Where a map-style pass's samples run, chosen by the measured outcome.
+
+The candidates are what a ``DataLoader`` user picks by hand, and ours:
+
+* ``inline``: the consumer's thread loads the rows while it waits for a batch
+  (``num_workers=0``);
+* ``threads(n)``: ``n`` decode threads run the rows;
+* ``processes(n)``: ``n`` worker processes run them and write into shared memory.
+
+Each candidate runs on the real pass for short *windows*; a window's reading is
+the rows the pass completed per second of wall time.  That rate is what the
+training loop gets: when the loader is the bottleneck it is the loader's
+speed, and when the consumer is, every candidate that keeps up reads the
+consumer's rate, so the cheaper one stays.
+
+Two candidates are compared in a *duel*: their windows alternate (A B A B) so
+that a drift of the pass's speed falls on both.  The *noise margin* is the
+spread between like windows of the same duel (the larger of the two
+candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
+dearer candidate (order: inline, then threads by count, then processes) wins
+only where its mean rate beats the cheaper one's by more than that margin;
+otherwise the cheaper one stays.  Signals (the GIL probe, a row's CPU time)
+explain the choice in ``stats()``; they never decide it.
+
+The search, replayed from the record by :func:`decide` (a pure function):
+
+1. *down*: from the start candidate, duel the next cheaper rung of the ladder
+   (half the threads, ..., one thread, inline) while the cheaper one stays;
+2. *up*: if no cheaper rung won, duel the next dearer thread count while the
+   dearer one wins;
+3. *processes*: duel the best so far against the process candidate, unless the
+   measured rates leave processes no room: ``min(cores, workers)`` processes
+   cannot go faster than that many times one thread's measured rate (one
+   thread alone runs the per-sample function at a core's speed), so where the
+   best rate is already within the margin of that bound the duel is skipped.
+   One thread's rate is measured for this where the down phase did not.
+
+Then the choice is *settled*: later windows, and later passes of the same
+loader, run it without exploring.  Where a settled window's rate leaves the
+band the duel's margin allows by more than twice the margin, the choice is
+*re-checked* with its neighbours (one rung each way, and processes); the
+re-check waits ``recheck_windows`` windows after the last and doubles that
+wait each time it keeps the choice, so its cost stays bounded.
+
+Nothing here depends on the core count: the ladder is derived from it, the
+bound scales with it, the margin is measured.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Mode(str, enum.Enum):
+    """Where rows run."""
+
+    INLINE = "inline"
+    THREADS = "threads"
+    PROCESSES = "processes"
+
+
+_MODE_ORDER = {Mode.INLINE: 0, Mode.THREADS: 1, Mode.PROCESSES: 2}
+
+
+@dataclass(frozen=True, order=False)
+class Candidate:
+    """One way to run a pass's rows: a mode and its thread or worker count."""
+
+    mode: Mode
+    count: int = 0
+
+    @property
+    def cost(self) -> tuple[int, int]:
+        """Cheaper first: inline, then threads by count, then processes by count."""
+        return (_MODE_ORDER[self.mode], self.count)
+
+    def __str__(self) -> str:
+        if self.mode is Mode.INLINE:
+            return "inline"
+        unit = "thread" if self.mode is Mode.THREADS else "worker process"
+        plural = "" if self.count == 1 else ("s" if self.mode is Mode.THREADS else "es")
+        return f"{self.count} {unit}{plural}"
+
+
+INLINE = Candidate(Mode.INLINE, 0)
+
+
+def threads(n: int) -> Candidate:
+    return Candidate(Mode.THREADS, n)
+
+
+def processes(n: int) -> Candidate:
+    return Candidate(Mode.PROCESSES, n)
+
+
+class Reason(str, enum.Enum):
+    """Why the current candidate runs."""
+
+    FIXED = "fixed"                  # the user chose it (execution=, num_threads=)
+    ONLY = "only"                    # nothing else can run this pass
+    EXPLORING = "exploring"          # a duel is being measured
+    FASTER = "faster"                # it beat the cheaper one by more than the margin
+    CHEAPER = "cheaper"              # the dearer one did not beat it by the margin
+    NO_ROOM = "no_room"              # processes cannot beat it (the measured bound)
+    CONSUMER = "consumer"            # it keeps up with the consumer: nothing dearer can win
+    UNAVAILABLE = "unavailable"      # the process candidate could not start
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy's parameters; each holds on any core count.
+
+    ``window_s``: a window lasts at least this long: ten switch intervals of
+    the GIL (5 ms) and several scheduler ticks, so a window measures the
+    candidate, not one thread's time slice.  ``window_events``: and sees at
+    least this many completions (tasks or worker replies): rows arrive in
+    chunks, and a window of one chunk measures the chunk.  ``like_windows``:
+    windows per side of a duel (two are the least that show a spread).
+    ``min_margin``: the least margin a dearer candidate must beat: a switch
+    costs what no window shows (a fork, workers' memory, threads' CPU), and
+    below this gain stability is worth more.  ``recheck_windows``: settled
+    windows before the first re-check may run (doubling after each).
+    ``warmup_windows``: a pass's first windows after a start or a switch that
+    are not used (threads waking, the buffers filling).  ``start_attempts``:
+    how often the process candidate may fail to start (the decode threads did
+    not go quiet for the fork) before it counts as unavailable.
+    """
+
+    window_s: float = 0.05
+    window_events: int = 4
+    like_windows: int = 2
+    min_margin: float = 0.05
+    recheck_windows: int = 40
+    warmup_windows: int = 1
+    start_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window's reading: ``rows`` completed in ``seconds`` under ``candidate``,
+    while the consumer waited ``waited`` of those seconds for batches."""
+
+    candidate: Candidate
+    rows: int
+    seconds: float
+    waited: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ceiling(self) -> float:
+        """The most any candidate could have delivered: the consumer's own pace, had
+        it never waited (infinite where it always waited)."""
+        busy = self.seconds - self.waited
+        return self.rows / busy if busy > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class Space:
+    """What may run: the thread ladder (cheapest first), whether inline may run, the
+    process candidate (None: not available), the cores, and where to start."""
+
+    ladder: tuple[Candidate, ...]
+    start: Candidate
+    cores: int
+    process: Candidate | None = None
+    inline: bool = True
+
+    @staticmethod
+    def thread_ladder(cores: int, pool: int) -> tuple[Candidate, ...]:
+        """1, 2, 4, ... threads up to the cores, then the cores, then the pool's size."""
+        counts = []
+        n = 1
+        while n < min(cores, pool):
+            counts.append(n)
+            n *= 2
+        counts += [min(cores, pool), pool]
+        return tuple(threads(c) for c in sorted(set(counts)))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ladder": [c.count for c in self.ladder], "start": self.start.count,
+                "cores": self.cores, "inline": self.inline,
+                "process": self.process.count if self.process is not None else None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Space:
+        return cls(ladder=tuple(threads(int(n)) for n in d["ladder"]),
+                   start=threads(int(d["start"])), cores=int(d["cores"]),
+                   process=processes(int(d["process"])) if d.get("process") else None,
+                   inline=bool(d.get("inline", True)))
+
+    def rungs(self) -> tuple[Candidate, ...]:
+        """Every candidate of the ladder, cheapest first (inline first, if allowed)."""
+        return ((INLINE,) if self.inline else ()) + self.ladder
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A candidate's windows in the record: their count and mean rate (rows/s)."""
+
+    candidate: Candidate
+    windows: int
+    rate: float
+
+
+@dataclass(frozen=True)
+class Duel:
+    """A judged duel: the cheaper and dearer candidate, their mean rates, the
+    margin measured, and the winner."""
+
+    cheap: Candidate
+    dear: Candidate
+    cheap_rate: float
+    dear_rate: float
+    margin: float
+    winner: Candidate
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to run next.
+
+    ``run``: the candidate for the next window.  ``choice``: the best so far (the
+    incumbent).  ``settled``: no duel is open (``run == choice``).  ``reason``:
+    why ``choice`` stands.  ``duels``: the duels judged so far, in order.
+    ``margin``: the margin of the last duel; ``choice_rate``: the choice's mean
+    rate there.  ``processes_skipped``: why processes were not measured
+    (``NO_ROOM``: the bound; ``UNAVAILABLE``: they could not start), or None."""
+
+    run: Candidate
+    choice: Candidate
+    settled: bool
+    reason: Reason
+    duels: tuple[Duel, ...] = ()
+    margin: float = 0.0
+    choice_rate: float | None = None
+    processes_skipped: Reason | None = None
+
+
+@dataclass
+class Record:
+    """The readings a loader has taken: its windows in order, and the re-checks and
+    failed process starts it asked for.  ``decide`` replays it from the start."""
+
+    windows: list[Window] = field(default_factory=list)
+    recheck_at: list[int] = field(default_factory=list)  # window counts that re-checked
+    failed_starts: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data (JSON): for traces replayed in tests and bench reports."""
+        return {"windows": [[w.candidate.mode.value, w.candidate.count, w.rows, w.seconds,
+                             w.waited] for w in self.windows],
+                "recheck_at": list(self.recheck_at), "failed_starts": self.failed_starts}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Record:
+        return cls([Window(Candidate(Mode(w[0]), int(w[1])), int(w[2]), float(w[3]),
+                           float(w[4]) if len(w) > 4 else 0.0) for w in d["windows"]],
+                   [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)))
+
+
+def _spread(rates: list[float]) -> float:
+    if len(rates) < 2:
+        return 0.0
+    m = statistics.fmean(rates)
+    return (max(rates) - min(rates)) / m if m > 0 else 0.0
+
+
+def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
+    """The duel of the windows ``a`` and ``b`` (each of one candidate)."""
+    ca, cb = a[0].candidate, b[0].candidate
+    cheap, dear = (a, b) if ca.cost <= cb.cost else (b, a)
+    rc = statistics.fmean(w.rate for w in cheap)
+    rd = statistics.fmean(w.rate for w in dear)
+    margin = max(config.min_margin, _spread([w.rate for w in cheap]),
+                 _spread([w.rate for w in dear]))
+    winner = dear[0].candidate if rd > rc * (1 + margin) else cheap[0].candidate
+    return Duel(cheap[0].candidate, dear[0].candidate, rc, rd, margin, winner)
+
+
+class _Replay:
+    """The search of the module docstring, stepped window by window."""
+
+    def __init__(self, space: Space, config: PolicyConfig, unavailable: bool) -> None:
+        self.space = space
+        self.config = config
+        self.rungs = space.rungs()
+        self.choice = space.start
+        self.reason = Reason.ONLY
+        self.duels: list[Duel] = []
+        self.margin = 0.0
+        self.choice_rate: float | None = None   # the choice's mean rate in its last duel
+        self.process = None if unavailable else space.process
+        self.skipped: Reason | None = Reason.UNAVAILABLE \
+            if unavailable and space.process is not None else None
+        self.solo: list[Window] = []   # one thread's windows (the processes bound)
+        self.seen: list[Window] = []   # every window so far
+        self.phases = ["down", "up", "processes"]
+        self.single_step = False       # a re-check: one duel a phase
+        self.tried: set[Candidate] = set()
+        self.moved = False             # the current phase moved the choice
+        self.rival: Candidate | None = None
+        self.soloing = False
+        self.mine: list[Window] = []
+        self.theirs: list[Window] = []
+        self._advance()
+
+    def _rung(self, c: Candidate) -> int:
+        return self.rungs.index(c) if c in self.rungs else -1
+
+    def _keeps_up(self) -> bool:
+        """Whether the choice already delivers what the consumer takes: its windows'
+        ceiling (the consumer's pace had it never waited) within the margin of its
+        rate.  No dearer candidate can then beat it by the margin."""
+        mine = [w for w in self.seen if w.candidate == self.choice]
+        if len(mine) < self.config.like_windows or self.choice_rate is None:
+            return False
+        ceiling = statistics.fmean(w.ceiling for w in mine) \
+            if all(w.ceiling != float("inf") for w in mine) else float("inf")
+        return ceiling <= self.choice_rate * (1 + max(self.margin, self.config.min_margin))
+
+    def _one_thread_rate(self) -> float | None:
+        rates = [w.rate for w in self.solo]
+        return statistics.fmean(rates) if rates else None
+
+    def _rival_in(self, phase: str) -> Candidate | None:
+        """The next duel of ``phase`` (None: the phase is over)."""
+        i = self._rung(self.choice)
+        if phase != "down" and self._keeps_up():
+            self.skipped = self.skipped or Reason.CONSUMER
+            return None
+        if phase in ("down", "up"):
+            if i < 0 or (self.single_step and self.moved):
+                return None
+            j = i - 1 if phase == "down" else i + 1
+            if 0 <= j < len(self.rungs) and self.rungs[j] not in self.tried:
+                return self.rungs[j]
+            return None
+        p = self.process
+        if p is None or p in self.tried or self.choice == p:
+            return None
+        if threads(1) in self.rungs:
+            if self._one_thread_rate() is None:
+                self.soloing = True
+                return None
+            best = self.choice_rate or 0.0
+            bound = min(self.space.cores, p.count) * (self._one_thread_rate() or 0.0)
+            if best * (1 + max(self.margin, self.config.min_margin)) >= bound:
+                self.skipped = Reason.NO_ROOM
+                return None
+        return p
+
+    def _advance(self) -> None:
+        """Open the next duel (or one thread's solo windows), or settle."""
+        self.mine, self.theirs = [], []
+        while self.phases:
+            rival = self._rival_in(self.phases[0])
+            if self.soloing:
+                self.rival = None
+                return
+            if rival is not None:
+                self.rival = rival
+                return
+            self.phases.pop(0)
+            self.moved = False
+        self.rival = None
+
+    @property
+    def settled(self) -> bool:
+        return self.rival is None and not self.soloing
+
+    def next_run(self) -> Candidate:
+        """Which candidate the next window runs (alternating within a duel)."""
+        if self.soloing:
+            return threads(1)
+        if self.rival is None:
+            return self.choice
+        return self.choice if len(self.mine) <= len(self.theirs) else self.rival
+
+    def feed(self, w: Window) -> None:
+        self.seen.append(w)
+        if w.candidate == threads(1):
+            self.solo.append(w)
+        if self.soloing:
+            if len(self.solo) >= self.config.like_windows:
+                self.soloing = False
+                self._advance()
+            return
+        if self.rival is None:
+            return
+        if w.candidate == self.choice:
+            self.mine.append(w)
+        elif w.candidate == self.rival:
+            self.theirs.append(w)
+        else:
+            return
+        n = self.config.like_windows
+        if len(self.mine) < n or len(self.theirs) < n:
+            return
+        duel = judge(self.mine, self.theirs, self.config)
+        self.duels.append(duel)
+        self.tried.update((self.rival, self.choice))
+        self.margin = duel.margin
+        won = duel.winner
+        if won != self.choice:
+            self.moved = True
+        self.choice = won
+        self.reason = Reason.FASTER if won == duel.dear else Reason.CHEAPER
+        self.choice_rate = duel.dear_rate if won == duel.dear else duel.cheap_rate
+        phase = self.phases[0]
+        if (phase == "down" and won != duel.cheap) or (phase == "up" and won != duel.dear):
+            self.phases.pop(0)
+            self.moved = False
+        self._advance()
+
+    def start_recheck(self) -> None:
+        """Duel the choice with its neighbours again (see the module docstring)."""
+        self.tried = set()
+        self.single_step = True
+        self.moved = False
+        self.skipped = Reason.UNAVAILABLE if self.skipped is Reason.UNAVAILABLE else None
+        self.phases = ["down", "up", "processes"]
+        self._advance()
+
+
+def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) -> Decision:
+    """What runs next, replayed from ``record`` (pure: the same record, space and
+    config always give the same decision)."""
+    r = _Replay(space, config, record.failed_starts >= config.start_attempts)
+    rechecks = set(record.recheck_at)
+    for i, w in enumerate(record.windows):
+        if i in rechecks and r.settled:
+            r.start_recheck()
+        r.feed(w)
+    if len(record.windows) in rechecks and r.settled:
+        r.start_recheck()
+    return Decision(run=r.next_run(), choice=r.choice, settled=r.settled,
+                    reason=r.reason if r.settled else Reason.EXPLORING,
+                    duels=tuple(r.duels), margin=r.margin, choice_rate=r.choice_rate,
+                    processes_skipped=r.skipped)
+
+
+def fixed(candidate: Candidate) -> Decision:
+    """The decision for a candidate the user chose."""
+    return Decision(run=candidate, choice=candidate, settled=True, reason=Reason.FIXED)
+
+
+def drifted(settled_rate: float, recent: list[float], margin: float,
+            config: PolicyConfig = PolicyConfig()) -> bool:
+    """Whether the settled choice's recent window rates left its band: their median
+    off ``settled_rate`` by more than twice the duel's margin (at least twice
+    ``min_margin``).  Needs ``like_windows * 2`` recent readings."""
+    if settled_rate <= 0 or len(recent) < 2 * config.like_windows:
+        return False
+    band = 2 * max(margin, config.min_margin)
+    m = statistics.median(recent)
+    return abs(m - settled_rate) / settled_rate > band
+
+
+@dataclass(frozen=True)
+class ExecutionReport:
+    """Where a loader's samples run, and why (``stats().execution``).
+
+    ``mode`` and ``count``: the current choice (threads or worker processes and
+    their number; 0 for inline).  ``reason``: why it runs (:class:`Reason`).
+    ``candidates``: every candidate measured, with its windows and mean rate
+    (rows/s).  ``margin``: the noise margin of the last duel.  ``processes_skipped``:
+    why processes were not measured, if they were not.  ``detail``: what went
+    wrong, where something did (the process stage could not start or stopped).
+    ``str()`` is a sentence."""
+
+    mode: Mode
+    count: int
+    reason: Reason
+    candidates: tuple[Measured, ...] = ()
+    margin: float = 0.0
+    processes_skipped: Reason | None = None
+    detail: str = ""
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.mode, self.count)
+
+    def __str__(self) -> str:
+        c = self.candidate
+        head = f"{self.mode.value}: {c}" if self.mode is not Mode.INLINE \
+            else "inline: the consumer loads the rows while it waits"
+        rates = {m.candidate: m.rate for m in self.candidates}
+        why = {
+            Reason.FIXED: "chosen by the loader's arguments",
+            Reason.ONLY: "the only candidate",
+            Reason.EXPLORING: "measuring the candidates",
+            Reason.FASTER: f"measured faster than the cheaper candidates by more than "
+                           f"the {self.margin:.0%} noise margin",
+            Reason.CHEAPER: f"no dearer candidate beat it by more than the "
+                            f"{self.margin:.0%} noise margin",
+            Reason.NO_ROOM: "processes cannot beat it",
+            Reason.CONSUMER: "it keeps up with the consumer",
+            Reason.UNAVAILABLE: "worker processes could not start",
+        }[self.reason]
+        parts = [why]
+        if rates:
+            parts.append("measured " + ", ".join(
+                f"{k}: {v:,.0f} rows/s" for k, v in sorted(rates.items(),
+                                                           key=lambda kv: kv[0].cost)))
+        if self.processes_skipped is Reason.NO_ROOM:
+            parts.append("processes not tried: one thread's rate times the cores leaves "
+                         "them no room")
+        elif self.processes_skipped is Reason.CONSUMER:
+            parts.append("nothing dearer tried: the consumer takes batches no faster")
+        elif self.processes_skipped is Reason.UNAVAILABLE:
+            parts.append("processes could not start")
+        if self.detail:
+            parts.append(self.detail)
+        return f"{head} ({'; '.join(parts)})"
+
+
+def measured(record: Record) -> tuple[Measured, ...]:
+    """Every candidate of ``record`` with its window count and mean rate."""
+    by: dict[Candidate, list[float]] = collections.defaultdict(list)
+    for w in record.windows:
+        by[w.candidate].append(w.rate)
+    return tuple(Measured(c, len(r), statistics.fmean(r))
+                 for c, r in sorted(by.items(), key=lambda kv: kv[0].cost))

@@ -1,0 +1,379 @@
+"""The execution policy: a pure function from recorded window readings to a decision.
+
+Every test builds a record of windows (candidate, rows, seconds) and asks
+``policy.decide``; nothing is timed.  The rates model what a kind of per-sample
+function does under each candidate, on 1, 2, 16 and 96 cores, with the spread
+between like windows that a noisy machine shows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from asyncfeed._engine.chooser import Chooser
+from asyncfeed._engine.policy import (INLINE, Candidate, Mode, PolicyConfig, Reason, Record,
+                                      Space, Window, decide, drifted, judge, processes,
+                                      threads)
+
+CFG = PolicyConfig()
+
+
+def space(cores: int, pool: int | None = None, workers: int | None = None,
+          inline: bool = True, with_processes: bool = True) -> Space:
+    pool = pool if pool is not None else cores + min(2, cores)
+    return Space(ladder=Space.thread_ladder(cores, pool), start=threads(min(cores, pool)),
+                 cores=cores, inline=inline,
+                 process=processes(workers or cores) if with_processes else None)
+
+
+def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
+        record: Record | None = None) -> tuple[Record, list[Candidate]]:
+    """Drive ``decide`` as the chooser does: each window runs the candidate it asks
+    for, at ``rate(candidate)`` rows/s times a noise factor, until settled."""
+    rnd = random.Random(seed)
+    rec = record if record is not None else Record()
+    ran = []
+    for _ in range(limit):
+        d = decide(rec, sp)
+        if d.settled:
+            return rec, ran
+        c = d.run
+        ran.append(c)
+        r = rate(c) * (1 + rnd.uniform(-noise, noise))
+        # the consumer waits for what the loader does not deliver at its own pace
+        pace = getattr(rate, "consumer", None)
+        waited = 0.1 * (1 - r / pace) if pace and r < pace else (0.0 if pace else 0.05)
+        rec.windows.append(Window(c, max(1, round(r * 0.1)), 0.1, waited))
+    raise AssertionError(f"not settled after {limit} windows: {ran[-12:]}")
+
+
+# per-sample functions, as rows/s per candidate (c: cores)
+def gil_free(c: int):
+    """GIL-free decoding: threads scale to the cores; processes as well, less IPC."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 900.0
+        if x.mode is Mode.THREADS:
+            return 1000.0 * min(x.count, c) * 0.97
+        return 1000.0 * min(x.count, c) * 0.93
+    return rate
+
+
+def gil_bound(c: int):
+    """Pure Python: one thread's worth however many threads; processes scale."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 1020.0
+        if x.mode is Mode.THREADS:
+            return 1000.0 - 30.0 * (x.count - 1)
+        return 1000.0 * min(x.count, c) * 0.9
+    return rate
+
+
+def tiny(c: int):
+    """Rows of tens of microseconds: every hand-off costs more than the row."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 12_000.0
+        if x.mode is Mode.THREADS:
+            return 9_000.0 / (1 + 0.2 * (x.count - 1))
+        return 7_000.0
+    return rate
+
+
+def consumer_bound(c: int):
+    """The training step takes the time: every candidate but inline keeps up;
+    inline adds its loading to the step."""
+    def rate(x: Candidate) -> float:
+        return 800.0 if x.mode is Mode.INLINE else 1000.0
+    rate.consumer = 1000.0  # type: ignore[attr-defined]
+    return rate
+
+
+def io_bound(c: int):
+    """Rows that wait on storage: more threads keep more reads in flight."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 200.0
+        if x.mode is Mode.THREADS:
+            return 200.0 * x.count
+        return 200.0 * x.count
+    return rate
+
+
+# ------------------------------------------------------------------ outcomes
+@pytest.mark.parametrize("cores", [2, 16, 96])
+@pytest.mark.parametrize("noise", [0.0, 0.02])
+def test_gil_free_rows_stay_on_threads_at_the_cores(cores, noise):
+    rec, _ = run(space(cores), gil_free(cores), noise)
+    d = decide(rec, space(cores))
+    assert d.choice == threads(cores), d
+    assert d.processes_skipped is Reason.NO_ROOM  # the bound: no fork to find out
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+@pytest.mark.parametrize("noise", [0.0, 0.02])
+def test_gil_bound_rows_go_to_processes(cores, noise):
+    rec, _ = run(space(cores), gil_bound(cores), noise)
+    d = decide(rec, space(cores))
+    assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
+
+
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_tiny_rows_are_loaded_inline(cores):
+    rec, _ = run(space(cores), tiny(cores))
+    assert decide(rec, space(cores)).choice == INLINE
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_a_consumer_that_is_the_bottleneck_gets_the_cheapest_candidate_that_keeps_up(cores):
+    rec, _ = run(space(cores), consumer_bound(cores))
+    d = decide(rec, space(cores))
+    assert d.choice == threads(1) and d.reason is Reason.FASTER, d  # it beat inline
+    assert not any(w.candidate.mode is Mode.PROCESSES for w in rec.windows)
+    assert d.processes_skipped is Reason.CONSUMER
+
+
+def test_rows_that_wait_get_more_threads_than_cores():
+    rec, _ = run(space(2, pool=4), io_bound(2))
+    assert decide(rec, space(2, pool=4)).choice == threads(4)
+
+
+def test_on_one_core_gil_free_work_never_goes_to_processes():
+    sp = space(1, pool=3)
+    for rate in (gil_free(1), gil_bound(1), tiny(1)):
+        rec, ran = run(sp, rate, noise=0.03)
+        assert not any(c.mode is Mode.PROCESSES for c in ran), ran
+        assert decide(rec, sp).processes_skipped is Reason.NO_ROOM
+
+
+# --------------------------------------------------------------- the margin
+def _duel(a: Candidate, ra: list[float], b: Candidate, rb: list[float]):
+    return judge([Window(a, round(r * 10), 10.0) for r in ra],
+                 [Window(b, round(r * 10), 10.0) for r in rb], CFG)
+
+
+def test_the_dearer_must_beat_the_cheaper_by_more_than_the_spread_of_like_windows():
+    tight = _duel(threads(1), [1000, 1000], threads(2), [1200, 1200])
+    assert tight.margin == CFG.min_margin and tight.winner == threads(2)
+    # the same means, but like windows 30% apart: 20% is inside the noise
+    noisy = _duel(threads(1), [850, 1150], threads(2), [1200, 1200])
+    assert noisy.margin == pytest.approx(0.3) and noisy.winner == threads(1)
+    # the spread of either side counts
+    assert _duel(threads(1), [1000, 1000], threads(2), [900, 1500]).winner == threads(1)
+
+
+def test_the_floor_keeps_a_few_percent_from_moving_anything():
+    d = _duel(INLINE, [1000, 1000], threads(1), [1040, 1040])
+    assert d.winner == INLINE and d.margin == CFG.min_margin
+
+
+def test_a_duel_judges_the_means_of_alternating_windows():
+    # the pass slows down as it goes (A B A B): both sides see the drift
+    d = _duel(threads(2), [1000, 800], processes(2), [1100, 880])
+    assert d.cheap == threads(2) and d.dear == processes(2)
+    assert d.winner == threads(2)  # 10% better, inside a 22% spread
+
+
+def test_windows_alternate_between_the_two_candidates_of_a_duel():
+    sp = space(2)
+    rec = Record()
+    seen = []
+    for _ in range(4):
+        c = decide(rec, sp).run
+        seen.append(c)
+        rec.windows.append(Window(c, 100, 0.1))
+    assert seen == [threads(2), threads(1), threads(2), threads(1)]
+
+
+# ------------------------------------------------------------- the ladder
+@pytest.mark.parametrize("cores,pool,want", [
+    (1, 3, [1, 3]),
+    (2, 4, [1, 2, 4]),
+    (16, 18, [1, 2, 4, 8, 16, 18]),
+    (96, 98, [1, 2, 4, 8, 16, 32, 64, 96, 98]),
+    (4, 2, [1, 2]),
+])
+def test_the_thread_ladder_doubles_to_the_cores_then_the_pool(cores, pool, want):
+    assert [c.count for c in Space.thread_ladder(cores, pool)] == want
+
+
+def test_the_search_is_bounded_by_the_ladder_not_the_cores():
+    """On 96 cores the search measures a few rungs, not 96 counts."""
+    _, ran = run(space(96), gil_free(96))
+    assert len(set(ran)) <= 5 and len(ran) <= 16, ran
+
+
+# -------------------------------------------------------- processes' start
+def test_processes_that_cannot_start_count_out_after_the_attempts():
+    sp = space(2)
+    rec, _ = run(sp, gil_bound(2), record=Record(failed_starts=CFG.start_attempts))
+    d = decide(rec, sp)
+    assert d.choice.mode is not Mode.PROCESSES
+    assert d.processes_skipped is Reason.UNAVAILABLE
+
+
+def test_no_process_candidate_no_processes():
+    sp = space(2, with_processes=False)
+    rec, ran = run(sp, gil_bound(2))
+    assert all(c.mode is not Mode.PROCESSES for c in ran)
+
+
+def test_without_inline_the_ladder_starts_at_one_thread():
+    sp = space(2, inline=False)
+    rec, ran = run(sp, tiny(2))
+    assert INLINE not in ran and decide(rec, sp).choice == threads(1)
+
+
+# ---------------------------------------------------------------- purity
+def test_decide_is_a_pure_function_of_the_record():
+    rec, _ = run(space(2), gil_bound(2), noise=0.05, seed=3)
+    a, b = decide(rec, space(2)), decide(Record.from_dict(rec.to_dict()), space(2))
+    assert a == b
+
+
+def test_every_prefix_of_a_record_replays_to_the_run_it_asked_for():
+    rec, ran = run(space(16), gil_bound(16), noise=0.05, seed=7)
+    for k in range(len(rec.windows)):
+        assert decide(Record(rec.windows[:k]), space(16)).run == rec.windows[k].candidate
+
+
+# ------------------------------------------------------------- re-checks
+def test_a_drift_outside_twice_the_margin_is_seen_inside_it_is_not():
+    assert not drifted(1000.0, [990, 1010, 1005, 995], 0.05)
+    assert not drifted(1000.0, [1000, 900], 0.05)            # too few readings
+    assert drifted(1000.0, [700, 720, 690, 710], 0.05)
+    assert not drifted(1000.0, [700, 720, 690, 710], 0.2)    # a noisy duel: a wide band
+
+
+def test_a_recheck_duels_the_neighbours_and_can_move_the_choice():
+    sp = space(2)
+    rec, _ = run(sp, gil_free(2))
+    assert decide(rec, sp).choice == threads(2)
+    rec.recheck_at.append(len(rec.windows))  # the rate drifted: the rows became GIL-bound
+    rec, ran = run(sp, gil_bound(2), record=rec)
+    d = decide(rec, sp)
+    assert d.choice == processes(2), d
+    assert ran[0] == threads(2)  # the incumbent is measured again first
+
+
+def test_a_recheck_that_finds_nothing_better_keeps_the_choice():
+    sp = space(16)
+    rec, first = run(sp, gil_free(16))
+    rec.recheck_at.append(len(rec.windows))
+    rec, ran = run(sp, gil_free(16), record=rec)
+    assert decide(rec, sp).choice == threads(16)
+    assert len(ran) < len(first)  # one rung each way, not the whole search
+
+
+class _Control:
+    """A pass for the chooser: rows complete at ``rate`` of what runs, on a clock."""
+
+    def __init__(self, rate, clock: list[float]) -> None:
+        self.rate, self.clock = rate, clock
+        self.rows, self.events, self.last = 0, 0, 0.0
+        self.runs: Candidate | None = None
+        self.applied: list[Candidate] = []
+        self.primed = True
+
+    def waited(self) -> float:
+        return self.clock[0]  # the consumer only waits: the loader is the bottleneck
+
+    def completed(self):
+        return self.rows, self.events, self.last
+
+    def apply(self, c: Candidate) -> bool:
+        self.runs = c
+        self.applied.append(c)
+        return True
+
+    def call_waiting(self, fn) -> None:
+        fn()
+
+    def advance(self, seconds: float, chunks: int = 10) -> None:
+        for _ in range(chunks):
+            self.clock[0] += seconds / chunks
+            assert self.runs is not None
+            self.rows += round(self.rate(self.runs) * seconds / chunks)
+            self.events += 1
+            self.last = self.clock[0]
+
+
+def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(gil_free(2), clock)
+    ch.begin_pass(ctl)
+    for _ in range(200):
+        ctl.advance(0.02)
+        ch.tick()
+    assert not ch.exploring and ch.current == threads(2)
+    ch.end_pass(ctl)
+    # the next pass starts where it settled, measuring nothing new
+    ctl2 = _Control(gil_free(2), clock)
+    windows = len(ch.record.windows)
+    ch.begin_pass(ctl2)
+    assert ctl2.applied == [threads(2)]
+    for _ in range(100):
+        ctl2.advance(0.02)
+        ch.tick()
+    assert len(ch.record.windows) == windows and ctl2.applied == [threads(2)]
+    # the rows turn GIL-bound: the rate drifts, a re-check moves to processes
+    ctl2.rate = gil_bound(2)
+    for _ in range(400):
+        ctl2.advance(0.02)
+        ch.tick()
+    assert ch.current == processes(2) and ch.record.recheck_at, ch.record.recheck_at
+    rechecks = len(ch.record.recheck_at)
+    for _ in range(2000):  # steady: no more re-checks
+        ctl2.advance(0.02)
+        ch.tick()
+    assert len(ch.record.recheck_at) == rechecks
+
+
+def test_rechecks_back_off_on_a_rate_that_keeps_moving():
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    flip = itertools.cycle([gil_free(2)] * 30 + [lambda c: gil_free(2)(c) * 0.5] * 30)
+    ctl = _Control(lambda c: next(flip)(c), clock)
+    ch.begin_pass(ctl)
+    for _ in range(6000):
+        ctl.advance(0.02)
+        ch.tick()
+    at = ch.record.recheck_at
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert len(at) <= 8, at                     # 6000 windows, a handful of re-checks
+    settled_gaps = [b - a for a, b in zip(at, at[1:])]
+    assert settled_gaps == sorted(settled_gaps) or len(gaps) < 2, at
+
+
+def test_a_requested_candidate_runs_and_nothing_is_measured_after():
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(gil_free(2), clock)
+    ch.begin_pass(ctl)
+    ch.request(processes(2))
+    assert ctl.runs == processes(2) and ch.report().reason is Reason.FIXED
+    n = len(ch.record.windows)
+    for _ in range(50):
+        ctl.advance(0.02)
+        ch.tick()
+    assert len(ch.record.windows) == n
+
+
+def test_the_report_is_data_and_its_str_a_sentence():
+    rec, _ = run(space(2), gil_bound(2))
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ch.record = rec
+    ch.decision = decide(rec, space(2))
+    ch.current = ch.decision.choice
+    r = ch.report()
+    assert (r.mode, r.count, r.reason) == (Mode.PROCESSES, 2, Reason.FASTER)
+    assert {m.candidate for m in r.candidates} >= {threads(1), threads(2), processes(2)}
+    text = str(r)
+    assert text.startswith("processes: 2 worker processes (measured faster"), text
+    assert "2 worker processes: 1,800 rows/s" in text, text
