@@ -1,19 +1,16 @@
-"""``num_threads=1`` against ``DataLoader(num_workers=0)`` on bench workload (f)
-(the CIFAR-like set, batch 128), in one process, epochs alternating (the order
-turns each round): the target of issue 15's "cheap per-sample path".  Epochs in
-one process share the machine's state, which moves between processes by more
-than the effect (fresh processes on the 2-core VM differ by up to 15%).
+"""``num_threads=1`` against ``DataLoader(num_workers=0)`` on the CIFAR-like set
+(batch 128), in one process, epochs alternating (the order turns each round):
+the cheap per-sample path.  Epochs in one process share the machine's state,
+which moves between fresh processes by more than the effect.
 
     PYTHONPATH=src python bench/one_thread_ab.py 36                          # 36 rounds
     PYTHONPATH=src python bench/one_thread_ab.py 36 --samples 20000
     PYTHONPATH=src python bench/one_thread_ab.py 36 --tree /tmp/old/src      # a third side
-    PYTHONPATH=src python bench/one_thread_ab.py 12 --probe20
 
 Each epoch builds its loader afresh (as a training script's ``for epoch`` does
 with ``iter()``).  ``--tree`` imports another tree's ``asyncfeed`` (a copy of
 its ``src/asyncfeed`` under another package name, in a temporary directory) and
-runs it as a third side.  ``--probe20`` wakes the GIL probe every 20 ms, as
-before it slowed to 100 ms for a pinned thread count.  Prints each side's
+runs it as a third side.  Prints each side's
 median epoch rate and the median of the per-round ratios.
 """
 from __future__ import annotations
@@ -34,7 +31,6 @@ import torch
 
 from asyncfeed import AsyncLoader
 from asyncfeed._bench.workloads import CifarLike
-from asyncfeed._engine import loader as _loader
 
 
 def _other_tree(src: str, into: str) -> Any:
@@ -62,10 +58,7 @@ def main() -> None:
     ap.add_argument("rounds", type=int, nargs="?", default=36)
     ap.add_argument("--samples", type=int, default=5000, help="samples an epoch (5000)")
     ap.add_argument("--tree", help="another tree's src/ to run as a third side")
-    ap.add_argument("--probe20", action="store_true", help="the GIL probe every 20 ms")
     a = ap.parse_args()
-    if a.probe20:
-        _loader.QUIET_PERIOD_S = 0.02
     torch.set_num_threads(1)
     np.random.seed(0)
     ds = CifarLike(a.samples)

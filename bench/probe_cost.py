@@ -20,14 +20,14 @@ import sys
 import time
 
 from asyncfeed._bench.workloads import CifarLike
-from asyncfeed._engine.gilprobe import PERIOD_S, QUIET_BUDGET, QUIET_PERIOD_S, GilProbe
+from asyncfeed._engine.gilprobe import BUDGET, PERIOD_S, GilProbe
 
 SECONDS = 2.0
 VARIANTS: dict[str, tuple[float, float | None] | None] = {
     "none": None,
-    "100 ms": (QUIET_PERIOD_S, None),
-    "100 ms, budget": (QUIET_PERIOD_S, QUIET_BUDGET),
-    "20 ms": (PERIOD_S, None),
+    "100 ms": (PERIOD_S, None),
+    "100 ms, budget": (PERIOD_S, BUDGET),
+    "20 ms": (0.02, None),
 }
 
 

@@ -299,10 +299,9 @@ class _Noop:
         return self.row, i
 
 
-def test_rows_that_cost_nothing_are_loaded_by_the_waiting_consumer():
-    """No-op rows: no thread can beat the consumer loading them itself (a thread
-    only adds hand-offs), so the measured choice settles on inline, and later
-    passes run every row in the consumer's thread.  Every pass is DataLoader's."""
+def test_inline_rows_are_loaded_by_the_waiting_consumer():
+    """``execution="inline"``: every row of every pass runs in the consumer's thread
+    (``num_workers=0``), and the batches are DataLoader's."""
     ds = _Noop(3000)
     ran_in: set[str] = set()
     real = _Noop.__getitem__
@@ -312,21 +311,18 @@ def test_rows_that_cost_nothing_are_loaded_by_the_waiting_consumer():
         return real(self, i)
 
     g = torch_generator(3)
-    with AsyncLoader(ds, batch_size=64, shuffle=True, generator=torch_generator(3)) as al:
-        for _ in range(200):  # epochs of a few ms: windows span passes
-            assert_same_batches(list(al), list(DataLoader(ds, batch_size=64, shuffle=True,
-                                                          generator=g)))
-            if not al._chooser.exploring:
-                break
+    with AsyncLoader(ds, batch_size=64, shuffle=True, generator=torch_generator(3),
+                     execution="inline") as al:
         _Noop.__getitem__ = spy  # type: ignore[method-assign]
         try:
-            last = list(al)
+            for _ in range(2):
+                assert_same_batches(list(al), list(DataLoader(ds, batch_size=64, shuffle=True,
+                                                              generator=g)))
         finally:
             _Noop.__getitem__ = real  # type: ignore[method-assign]
         why = al.stats().execution
-    assert why.mode is Mode.INLINE, str(why)
+    assert why.mode is Mode.INLINE and why.reason.value == "fixed", str(why)
     assert ran_in == {threading.current_thread().name}, ran_in
-    assert_same_batches(last, list(DataLoader(ds, batch_size=64, shuffle=True, generator=g)))
 
 
 def test_run_one_runs_a_queued_task_in_the_calling_thread():

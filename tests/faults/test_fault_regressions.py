@@ -350,10 +350,14 @@ def test_a_bug_in_the_execution_choice_is_logged_and_loses_only_the_choice(monke
     def broken(*args, **kw):
         raise RuntimeError("the policy broke")
 
-    monkeypatch.setattr(chooser, "decide", broken)
     with AsyncLoader(_Small(), batch_size=8, timeout=20) as loader:
-        got = torch.cat([b for b in loader])
+        monkeypatch.setattr(chooser, "decide", broken)  # at the first window's end
+        for _ in range(200):  # short epochs: windows span them
+            got = torch.cat([b for b in loader])
+            assert sorted(got[:, 0].tolist()) == list(range(64))
+            if "the execution choice failed" in caplog.text:
+                break
         ex = loader.stats().execution
-    assert sorted(got[:, 0].tolist()) == list(range(64))
+        assert sorted(torch.cat([b for b in loader])[:, 0].tolist()) == list(range(64))
     assert "the execution choice failed" in caplog.text
     assert ex is not None and ex.mode is Mode.THREADS, str(ex)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -79,7 +80,8 @@ class Chooser:
         self.fixed = fixed_choice is not None
         self.current: Candidate = self.decision.run
         self.detail = ""
-        self._control: ExecutionControl | None = None
+        # the bound pass, weakly: a pass dropped by its consumer must not live on here
+        self._control_ref: Callable[[], ExecutionControl | None] = lambda: None
         # the open window: its segment in the current pass (time, rows, completions at
         # its start) and what earlier passes added to it (seconds, rows, completions):
         # a window spans passes, so that epochs shorter than a window are measured too
@@ -96,7 +98,7 @@ class Chooser:
     def begin_pass(self, control: ExecutionControl) -> None:
         """(consumer thread, at ``iter()``) Bind the pass and run the current
         candidate on it; its first windows are not used (threads waking)."""
-        self._control = control
+        self._control_ref = weakref.ref(control)
         self._w0 = None
         if not control.apply(self.current):
             self._failed(self.current)
@@ -105,7 +107,7 @@ class Chooser:
         """The pass of ``control`` is over: nothing more is read from it (idempotent;
         any thread: a pass that ends late leaves a later pass bound)."""
         if self._control is control:
-            self._control = None
+            self._control_ref = lambda: None
             w0, self._w0 = self._w0, None
             if w0 is not None:
                 rows, events, last = control.completed()
@@ -148,6 +150,10 @@ class Chooser:
             self.decision = decide(self.record, self.space, self.config)
             if self.decision.run != fallback:
                 self._switch(self.decision.run)
+
+    @property
+    def _control(self) -> ExecutionControl | None:
+        return self._control_ref()
 
     @property
     def exploring(self) -> bool:

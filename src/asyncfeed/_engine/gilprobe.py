@@ -19,36 +19,18 @@ and waits for it again, ``REPEATS`` waits in all, and keeps the median:
 Python threads that keep the GIL busy make every wait long, a preempted
 holder only one.
 
-Cost: one wake-up per ``period`` (about 3 ms of CPU a second in all at 20 ms),
-and while Python holds the GIL, up to ``REPEATS`` forced GIL switches per
-wake-up: measured on one thread running small pure-Python samples (bench
-workload (f) with ``num_threads=1``), 4-5% of the rate at a 20 ms period,
-under 1% at ``QUIET_PERIOD_S`` (on the VM of that day).  So the loader wakes it
-every ``PERIOD_S`` only where the adaptive thread count reads it, else every
-``QUIET_PERIOD_S`` (its
-figures are then for ``stats()`` alone).  During the first ``FAST_FOR_S`` of a
-pass whose loader has not yet decided between threads and processes the probe
-wakes every ``FAST_PERIOD_S``, so that a short epoch's first windows have
-wake-ups to read; at that rate the forced switches cost 1-2% of a one-second
-epoch on one thread, which is why only such a pass does it.
-
-What the forced switches cost is not the whole cost.  While the probe waits for
-the GIL (up to a switch interval, 5 ms, per wait), every release of the GIL by
-the thread holding it (NumPy lets go in each copy) wakes the probe, which finds
-the GIL taken again and sleeps: a futex wake-up per release, paid by the
-holder.  On a virtual machine whose wake-ups cost microseconds, a single
-thread running tiny NumPy samples (workload (f)'s ``__getitem__`` in a loop,
-GIL held throughout) ran 3.2% slower beside a probe at 100 ms and 10% slower
-at 20 ms in alternating 0.4 s chunks; the probe spent 7.9% and 27% of the time
-awake waiting for the GIL (``bench/probe_cost.py``).  So a probe may be given
-a ``budget``: the largest share of the time it may spend awake waiting for
-the GIL (1.1% measured with 1%).  After each wake-up it sleeps at least the time it
-waited divided by the budget (three 5 ms waits and a 1% budget: 1.5 s); where
-the GIL is free its waits are near zero and the period is unchanged.  The
-loader gives the quiet probe (only ``stats()`` reads it) ``QUIET_BUDGET``, and
+It explains ``stats()`` (the ``gil`` share and bottleneck); nothing chooses
+by it.  So it is cheap by default: one wake-up every ``PERIOD_S`` (100 ms).
+While Python holds the GIL, each wake-up forces up to ``REPEATS`` switches of
+the GIL, and while the probe waits for it every release by the holder (NumPy
+lets go in each copy) wakes it again, a cost the holder pays
+(``bench/probe_cost.py`` measures both).  A ``budget`` bounds that: the largest
+share of the time the probe may spend awake waiting for the GIL; after a
+wake-up that waited ``w`` seconds it sleeps at least ``w / budget``.  Where the
+GIL is free its waits are near zero and the period is unchanged.  A loader
 starts each pass's probe no sooner than its last pass's would have woken
-(``not_before``, ``next_wake``): a one-second pass is shorter than the sleep
-the budget asks for, and a fresh probe at every pass woke 100 ms in.
+(``not_before``, ``next_wake``), so passes shorter than the budget's sleep do
+not wake it more often.
 
 The thread belongs to one :class:`GilProbe`; ``close()`` is idempotent, joins
 it (unless called from a thread that must not wait), and probes still
@@ -64,7 +46,7 @@ import time
 
 from .exithooks import OpenSet
 
-__all__ = ["GilProbe", "HELD_S", "PERIOD_S", "QUIET_BUDGET", "QUIET_PERIOD_S", "REPEATS"]
+__all__ = ["BUDGET", "GilProbe", "HELD_S", "PERIOD_S", "REPEATS"]
 
 #: waits per sample after a long first one; the sample is their median
 REPEATS = 3
@@ -72,15 +54,10 @@ REPEATS = 3
 GAP_S = 0.001
 #: a wait for the GIL longer than this means another thread held it
 HELD_S = 2e-4
-#: the period where the adaptive thread count reads the probe
-PERIOD_S = 0.02
-#: the period where only ``stats()`` does (a pinned thread count)
-QUIET_PERIOD_S = 0.1
-#: the share of the time the quiet probe may spend waiting for the GIL (see above)
-QUIET_BUDGET = 0.01
-#: the probe's period during its first ``FAST_FOR_S`` seconds
-FAST_PERIOD_S = 0.004
-FAST_FOR_S = 0.25
+#: the period between wake-ups
+PERIOD_S = 0.1
+#: the share of the time the probe may spend awake waiting for the GIL (see above)
+BUDGET = 0.01
 
 
 
@@ -111,8 +88,7 @@ class GilProbe:
     ``pressure(held, probes)`` turns them into 0..1.
     """
 
-    def __init__(self, period: float = PERIOD_S, fast_period: float = FAST_PERIOD_S,
-                 fast_for: float = 0.0, budget: float | None = None) -> None:
+    def __init__(self, period: float = PERIOD_S, budget: float | None = BUDGET) -> None:
         self.period = period
         # the largest share of the time spent awake waiting for the GIL (None: no
         # bound): after a wake-up that waited w seconds, the next sleep is at least
@@ -124,11 +100,6 @@ class GilProbe:
         self.not_before = 0.0
         # ... and when this one's next wake-up is due (read by that next pass)
         self.next_wake = 0.0
-        # the first ``fast_for`` seconds wake every ``fast_period``: the adaptive
-        # thread count needs a few wake-ups early in a short epoch (the loader sets
-        # it, to ``FAST_FOR_S``, on a pass whose decision is still to come)
-        self.fast_period = fast_period
-        self.fast_for = fast_for
         self.held = 0
         self.probes = 0
         self.awake_s = 0.0  # seconds spent awake waiting for the GIL, in all
@@ -153,10 +124,9 @@ class GilProbe:
         except OSError:
             fd = None
         try:
-            fast_until = time.perf_counter() + self.fast_for
             awake = 0.0  # the last wake-up's time spent waiting for the GIL
             while not self._stop:
-                period = self.fast_period if time.perf_counter() < fast_until else self.period
+                period = self.period
                 budget = self.budget
                 if budget is not None and budget > 0:
                     period = max(period, awake / budget)

@@ -114,9 +114,6 @@ class BatchHandoff:
         self._awaited: int | None = None
         self._call: Callable[[], None] | None = None  # see call_waiting
         self.inline = False  # the consumer runs queued tasks while it waits (Mode.INLINE)
-        # the execution chooser's tick (consumer thread): returns the seconds until
-        # the next one is due; set by a pass that measures its execution
-        self.tick: Callable[[], float] | None = None
         # past the pass's start: the consumer waited for a batch after its first, or the
         # ready batches filled the credit (before, the producer fills the credit at
         # its own pace, whatever the consumer takes: no measure of the pass)
@@ -189,10 +186,9 @@ class BatchHandoff:
         LoaderClosedError once the pass was stopped (batches already ready are
         still returned)."""
         deadline = None if not timeout else time.monotonic() + timeout
-        tick = self.tick
         with self.cond:
             while True:
-                due = self._unlocked(tick) if tick is not None else 1.0
+                due = self._unlocked(self.tick)
                 call = self._call
                 if call is not None:  # see call_waiting
                     self._call = None
@@ -223,6 +219,12 @@ class BatchHandoff:
                     self.cond.wait(step if remaining is None else min(remaining, step))
                 finally:
                     self._awaited = None
+
+    def tick(self) -> float:
+        """(consumer thread, each time it waits or looks again) What the pass does
+        while the consumer waits; returns the seconds until it should be called
+        again (a pass that measures its execution closes windows here)."""
+        return 1.0
 
     def _unlocked(self, fn: Callable[[], T]) -> T:
         """``fn()`` with the pass's lock released (the caller holds it once)."""

@@ -257,8 +257,7 @@ class _Iterator:
         lets go of the GIL (torch frees the C++ tensor without it); where the user
         drops it at ``for``'s next step, a decode thread running Python takes the
         GIL, and the consumer waits for it a switch interval (5 ms) or more per
-        tensor (on workload (f) with one thread, 1.2 ms of the consumer's CPU a
-        batch went to those waits).  Here nothing runs Python but the consumer,
+        tensor.  Here nothing runs Python but the consumer,
         which gets the GIL back at once.  Outputs the user keeps only lose a
         reference; ``_close`` lets go of both."""
         held = self._held

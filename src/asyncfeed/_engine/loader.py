@@ -24,7 +24,6 @@ from .iterable import IterablePipeline
 from .handoff import PassConfig
 from .pipeline import Batch, LayoutHolder, PassExecution, Pipeline, sample_error
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
-from .gilprobe import QUIET_BUDGET, QUIET_PERIOD_S
 from .runtime import Runtime
 from .._memory.slots import SlotRing
 from .accounting import Accounting
@@ -61,24 +60,32 @@ class AsyncLoader(Generic[T_co]):
     its reads run on an event loop, ``io_concurrency`` at a time.  Fixed-shape
     samples are written straight into their row of a preallocated batch.
 
-    DataLoader's process arguments ``prefetch_factor``, ``persistent_workers``
-    and ``pin_memory_device`` are accepted and ignored.  ``num_workers``,
-    ``worker_init_fn`` and ``multiprocessing_context`` apply only to the process
-    stage (``execution``, below): its number of worker processes (default: the
-    cores), and how they start and are set up, as in DataLoader.  So is
-    StatefulDataLoader's ``snapshot_every_n_steps`` ignored: every
-    state here is exact, whenever it is taken.  As in DataLoader, ``batch_size``,
-    ``dataset``, ``sampler``, ``batch_sampler`` and ``drop_last`` cannot be
-    assigned after construction (``ValueError``).  asyncfeed's own knobs:
+    DataLoader's ``prefetch_factor``, ``persistent_workers`` and
+    ``pin_memory_device`` are accepted and ignored (``prefetch`` bounds what is
+    loaded ahead), as is StatefulDataLoader's ``snapshot_every_n_steps``: every
+    state here is exact, whenever it is taken.  ``num_workers`` (default: the
+    cores), ``worker_init_fn`` and ``multiprocessing_context`` apply to the
+    worker processes, when they run: how many, how they start and are set up,
+    as in DataLoader.  As in DataLoader, ``batch_size``, ``dataset``,
+    ``sampler``, ``batch_sampler`` and ``drop_last`` cannot be assigned after
+    construction (``ValueError``).  asyncfeed's own knobs:
 
-    - ``execution``: ``"auto"`` (default) runs samples in the decode threads and
-      moves the per-sample function into worker processes when it is measured to
-      hold the GIL; ``"threads"`` never uses processes; ``"processes"`` uses them
-      from the first batch.  Batches are the same whichever runs;
-      ``stats().execution`` says which ran and why.
+    - ``execution``: ``"auto"`` (default) measures where rows run fastest on the
+      real pass and keeps that: ``inline`` (the consumer's thread loads them while
+      it waits, as ``num_workers=0``), decode threads (their count), or
+      ``num_workers`` worker processes; a dearer candidate must beat a cheaper one
+      by more than the noise measured between like windows (see
+      ``docs/architecture.md``).  The choice carries over to later passes and is
+      re-checked when the measured rate drifts.  ``"inline"``, ``"threads"``
+      (measures the thread count only) and ``"processes"`` fix the mode.  Batches
+      are the same whichever runs; ``stats().execution`` (an
+      :class:`~asyncfeed.ExecutionReport`) says which ran, the rates measured and
+      why.
 
     - ``num_threads``: decode threads (default: this process's share of the cores,
-      divided among torchrun's local ranks, plus up to two spare threads).
+      divided among torchrun's local ranks, plus up to two spare threads); given,
+      it fixes the execution at that many threads (unless ``execution`` says
+      otherwise).
     - ``io_concurrency``: reads in flight on the event loop (default 64).
     - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
       every thread busy, at least 2).  Bounds memory.
@@ -185,7 +192,7 @@ class AsyncLoader(Generic[T_co]):
         self.drop_last = drop_last
         self.timeout = timeout
         self.generator = generator
-        self.num_workers = num_workers  # accepted for drop-in use; there are no workers
+        self.num_workers = num_workers  # worker processes, when they run (0: the cores)
         self.persistent_workers = persistent_workers
         # StatefulDataLoader's: accepted; every state is exact here whenever it is taken
         self.snapshot_every_n_steps = snapshot_every_n_steps
@@ -433,11 +440,8 @@ class AsyncLoader(Generic[T_co]):
                             copy=self._copy, execution=execution)
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
         pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
-        probe = pipeline.acct.probe    # only stats() reads it: what it costs a thread
-        probe.period = QUIET_PERIOD_S  # holding the GIL is bounded, across passes too
-        probe.budget = QUIET_BUDGET    # (see gilprobe)
-        if self._acct is not None:
-            probe.not_before = self._acct.probe.next_wake
+        if self._acct is not None:  # its budget holds across passes (see gilprobe)
+            pipeline.acct.probe.not_before = self._acct.probe.next_wake
         return pipeline, progress
 
     def _stateful_sampler(self) -> Any:

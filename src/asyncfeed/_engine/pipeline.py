@@ -162,8 +162,6 @@ class Pipeline(BatchHandoff):
         self.rows_completed = 0     # rows loaded or failed so far (under cond) ...
         self.completions = 0        # ... reported by this many tasks or worker replies,
         self.last_completion = 0.0  # ... the last at this perf_counter() time
-        if execution.chooser is not None:
-            self.tick = self._tick_execution
         self.acct.resources = self._resources()
         self._thread_resources = self.acct.resources
         if isinstance(copy, CopyStream):  # (tests drive the ring with stand-ins)
@@ -202,9 +200,8 @@ class Pipeline(BatchHandoff):
         back the others, which is what out-of-order delivery is for.  And once a
         process stage runs with the layout known: each worker takes its tasks in
         order, so later batches do not compete with the first one's rows, and are
-        written in place; with one batch ahead, the workers waited (15-30 ms on
-        workload (c)) between finishing the first batch's rows and the consumer
-        planning the next ones.
+        written in place; with one batch ahead, the workers would wait between
+        finishing the first batch's rows and the consumer planning the next ones.
         """
         ahead = self.taken > 0 or self.use_fetch or not self.in_order \
             or (self.stage is not None and self.layouts.decided)
@@ -358,14 +355,13 @@ class Pipeline(BatchHandoff):
         if moved:
             log.debug("%d queued rows moved to the process stage", moved)
 
-    def _tick_execution(self) -> float:
+    def tick(self) -> float:
         """(consumer thread, see ``BatchHandoff.tick``) A stage that stopped is left;
         then the chooser's tick."""
         stage = self.stage
         if stage is not None and not stage.usable:
             self._stage_stopped()
-        assert self._chooser is not None  # set only with a chooser
-        return self._chooser.tick()
+        return self._chooser.tick() if self._chooser is not None else 1.0
 
     def _stage_stopped(self) -> None:
         """(consumer thread) The stage took no more work (a worker died): rows run

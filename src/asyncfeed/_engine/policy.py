@@ -119,7 +119,7 @@ class PolicyConfig:
     candidate, not one thread's time slice.  ``window_events``: and sees at
     least this many completions (tasks or worker replies): rows arrive in
     chunks, and a window of one chunk measures the chunk.  ``like_windows``:
-    windows per side of a duel (two are the least that show a spread).
+    windows per side of a duel round (two are the least that show a spread).
     ``min_margin``: the least margin a dearer candidate must beat: a switch
     costs what no window shows (a fork, workers' memory, threads' CPU), and
     below this gain stability is worth more.  ``recheck_windows``: settled
@@ -127,7 +127,10 @@ class PolicyConfig:
     ``warmup_windows``: a pass's first windows after a start or a switch that
     are not used (threads waking, the buffers filling).  ``start_attempts``:
     how often the process candidate may fail to start (the decode threads did
-    not go quiet for the fork) before it counts as unavailable.
+    not go quiet for the fork) before it counts as unavailable.  ``max_rounds``:
+    a duel whose dearer side read faster, but inside the margin, is measured
+    again with as many windows more, up to this many rounds, before the cheaper
+    stays (the means firm up; the spread, a mean of steps, does not grow).
     """
 
     window_s: float = 0.05
@@ -137,6 +140,7 @@ class PolicyConfig:
     recheck_windows: int = 40
     warmup_windows: int = 1
     start_attempts: int = 3
+    max_rounds: int = 2
 
 
 @dataclass(frozen=True)
@@ -266,10 +270,14 @@ class Record:
 
 
 def _spread(rates: list[float]) -> float:
+    """How far like windows read apart: the mean difference between successive
+    ones, relative to their mean (for two, their range; it does not grow with
+    more windows, as a range would)."""
     if len(rates) < 2:
         return 0.0
     m = statistics.fmean(rates)
-    return (max(rates) - min(rates)) / m if m > 0 else 0.0
+    steps = statistics.fmean(abs(b - a) for a, b in zip(rates, rates[1:]))
+    return steps / m if m > 0 else 0.0
 
 
 def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
@@ -359,6 +367,7 @@ class _Replay:
     def _advance(self) -> None:
         """Open the next duel (or one thread's solo windows), or settle."""
         self.mine, self.theirs = [], []
+        self.round = 1
         while self.phases:
             rival = self._rival_in(self.phases[0])
             if self.soloing:
@@ -400,10 +409,14 @@ class _Replay:
             self.theirs.append(w)
         else:
             return
-        n = self.config.like_windows
+        n = self.config.like_windows * self.round
         if len(self.mine) < n or len(self.theirs) < n:
             return
         duel = judge(self.mine, self.theirs, self.config)
+        if duel.winner == duel.cheap and duel.cheap_rate < duel.dear_rate \
+                and self.round < self.config.max_rounds:
+            self.round += 1  # the dearer read faster, inside the noise: measure more
+            return
         self.duels.append(duel)
         self.tried.update((self.rival, self.choice))
         self.margin = duel.margin

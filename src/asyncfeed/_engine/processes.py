@@ -407,8 +407,7 @@ def dumps_results(msg: Any) -> memoryview:
     ``multiprocessing`` pickles it (the way DataLoader's workers send batches),
     its storage was shared through a file descriptor: a connection to the
     worker's resource-sharer thread per tensor, about 1 ms of the results
-    thread's CPU each (24 of them, on workload (c)'s first batch, cost it 30
-    ms); pickled as torch pickles it, 0.26 ms even for a scalar.  As bytes, a
+    thread's CPU each; pickled as torch pickles it, 0.26 ms even for a scalar.  As bytes, a
     3x224x224 uint8 image takes 30 us there and back.  Other tensors (views that
     are not contiguous, autograd, sparse) go the ``multiprocessing`` way, as
     before."""
@@ -622,9 +621,8 @@ class ProcessStage:
         worker that sends results back (``_handle``).  Queued straight to a worker,
         a pass's tasks were shared out as they were submitted, a ring's worth ahead:
         a worker that ran a little slower (a busy core) still held several tasks
-        at the end of the pass while the other had none (up to 90 ms of one core
-        idle on a 1.3 s pass of workload (c)); held back, they go where a worker
-        is free."""
+        at the end of the pass while the other had none (a core idle for several
+        tasks' time); held back, they go where a worker is free."""
         with self._lock:
             if not self.usable:
                 return False
@@ -703,8 +701,8 @@ class ProcessStage:
         unless ``p``'s plan has run out (no batch will join the backlog): then the
         backlog's last rows go in ever smaller pieces, a share of what is left
         (``TAIL_SHARE`` of it per live worker), so the workers finish together.
-        Whole to the end, the last tasks (about 50 ms each) left one worker idle
-        while the other ran them: on workload (c) the two finished 23-38 ms apart."""
+        Whole to the end, the last tasks (about 50 ms each) leave one worker idle
+        while the other runs them."""
         if not p.exhausted:
             return rows
         left = rows + sum(e[3] - e[2] for e in (self._pending.get(t) for t, _ in self._backlog)
@@ -945,8 +943,8 @@ def take_over_queued(p: Pipeline, stage: ProcessStage) -> int:
     of whose rows has started goes whole (``submit_batch``: into shared memory),
     the queued rows of a started batch in runs of ``rows_per_process_task``
     (they come back pickled).  Left to the threads, each of those tasks -- sized
-    for a thread, one 7 ms row on workload (c) -- would wake a thread to send it
-    on, and the workers would wait between them.  Returns the rows moved; rows
+    for a thread, often one row -- would wake a thread to send it on, and the
+    workers would wait between them.  Returns the rows moved; rows
     the stage cannot take (it broke) are queued for the threads again."""
     from .rowtasks import run_rows
     taken = p.runtime.pool.take_queued(

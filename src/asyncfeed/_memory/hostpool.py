@@ -82,8 +82,8 @@ class HostBufferPool:
     def take_views(self, layout: Layout, rows: int) -> tuple[list[Any], list[Any]]:
         """:meth:`take`, with the NumPy views of the buffers (``Layout.numpy_views``)
         a batch is written through: a kept set's are made once, not per batch
-        (on workload (f), tensor calls made once a batch cost 5-10 times what they
-        cost in a loop: the decode thread's caches hold the data set's code).
+        (tensor calls made once a batch cost several times what they cost in a
+        loop: the decode thread's caches hold the data set's code).
         The views are the pool's, made over its own tensors: they do not keep a
         set from being handed out again, the buffers do, so whoever writes
         through the views holds the buffers meanwhile (a batch holds both)."""
