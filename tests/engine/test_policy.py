@@ -171,7 +171,14 @@ def test_the_floor_keeps_a_few_percent_from_moving_anything():
     assert d.winner == INLINE and d.margin == CFG.min_margin
 
 
-def test_a_duel_judges_the_means_of_alternating_windows():
+def test_one_window_that_lost_its_cores_decides_nothing():
+    """A shared machine's noise is heavy-tailed: one window at a quarter of the
+    others must not hide a dearer candidate twice as fast, nor widen the margin."""
+    d = _duel(threads(1), [1000, 1010, 250, 990], threads(2), [1900, 1950, 1880, 1920])
+    assert d.winner == threads(2) and d.cheap_rate == pytest.approx(995)
+
+
+def test_a_duel_judges_alternating_windows():
     # the pass slows down as it goes (A B A B): both sides see the drift
     d = _duel(threads(2), [1000, 800], processes(2), [1100, 880])
     assert d.cheap == threads(2) and d.dear == processes(2)

@@ -67,6 +67,7 @@ class Chooser:
     measured).  ``clock``: seconds, monotonic (tests pass their own)."""
 
     def __init__(self, space: Space | None, fixed_choice: Candidate | None = None,
+                 fixed_reason: Reason = Reason.FIXED,
                  config: PolicyConfig = PolicyConfig(),
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if space is None and fixed_choice is None:
@@ -75,7 +76,7 @@ class Chooser:
         self.config = config
         self.record = Record()
         self._clock = clock
-        self.decision: Decision = fixed(fixed_choice) if fixed_choice is not None \
+        self.decision: Decision = fixed(fixed_choice, fixed_reason) if fixed_choice is not None \
             else decide(self.record, space, config)  # type: ignore[arg-type]
         self.fixed = fixed_choice is not None
         self.current: Candidate = self.decision.run

@@ -17,7 +17,7 @@ from .._memory.device import CopyStream, resolve_device, resolve_pin
 from .._errors import LoaderClosedError, SampleError, StateError, describe, is_fatal
 from .capabilities import Capabilities
 from .chooser import Chooser, ExecutionReport
-from .policy import INLINE, Candidate, Mode, Space, processes, threads
+from .policy import INLINE, Candidate, Mode, Reason, Space, processes, threads
 from .processes import Execution
 from .tasksize import Gate, RowCost
 from .iterable import IterablePipeline
@@ -261,11 +261,16 @@ class AsyncLoader(Generic[T_co]):
         arguments fix one (``inline``, ``processes``, ``num_threads=N``, an
         ``IterableDataset``), else the candidates to measure."""
         pinned: Candidate | None = None
+        if self._iterable:  # a stream's items are read in order by the threads
+            return Chooser(None, threads(self.num_threads), Reason.ONLY)
         if execution == "inline":
             pinned = INLINE
+        elif execution == "processes" and self._use_fetch:
+            # reads on the event loop feed the decode threads: no process stage there
+            return Chooser(None, threads(self.num_threads), Reason.ONLY)
         elif execution == "processes":
             pinned = processes(workers)
-        elif self._threads_given or self._iterable:
+        elif self._threads_given:
             pinned = threads(self.num_threads)
         if pinned is not None:
             return Chooser(None, pinned)
@@ -432,7 +437,9 @@ class AsyncLoader(Generic[T_co]):
             base_seed = (self.seed or 0) + self._epoch
         ex, quiet = self._exec, runtime.pool.quiet
         execution = PassExecution(
-            gate=Gate(chooser.current.count if chooser.current.mode is Mode.THREADS else 0),
+            gate=Gate(0 if chooser.current.mode is Mode.INLINE
+                      else chooser.current.count if chooser.current.mode is Mode.THREADS
+                      else self.num_threads),
             row_cost=self._row_cost, chooser=chooser,
             stage_for=lambda: ex.stage_for(base_seed, quiet))
         pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,

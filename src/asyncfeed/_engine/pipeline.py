@@ -319,6 +319,8 @@ class Pipeline(BatchHandoff):
         if candidate.mode is Mode.PROCESSES:
             stage = self._stage_for() if self._stage_for is not None else None
             if stage is None:
+                if gate is not None and gate.limit == 0 and not self.inline:
+                    gate.set_limit(self.runtime.num_threads)  # someone must run the rows
                 return False
             self._use_stage(stage)
             with self.cond:

@@ -18,8 +18,10 @@ that a drift of the pass's speed falls on both.  The *noise margin* is the
 spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
-only where its mean rate beats the cheaper one's by more than that margin;
-otherwise the cheaper one stays.  Signals (the GIL probe, a row's CPU time)
+only where its median rate beats the cheaper one's by more than that margin;
+otherwise the cheaper one stays.  Where the dearer one read faster but inside
+the margin, the duel goes on for another round of windows (up to
+``max_rounds``) before the cheaper one stays.  Signals (the GIL probe, a row's CPU time)
 explain the choice in ``stats()``; they never decide it.
 
 The search, replayed from the record by :func:`decide` (a pure function):
@@ -140,7 +142,7 @@ class PolicyConfig:
     recheck_windows: int = 40
     warmup_windows: int = 1
     start_attempts: int = 3
-    max_rounds: int = 2
+    max_rounds: int = 3
 
 
 @dataclass(frozen=True)
@@ -270,22 +272,25 @@ class Record:
 
 
 def _spread(rates: list[float]) -> float:
-    """How far like windows read apart: the mean difference between successive
-    ones, relative to their mean (for two, their range; it does not grow with
-    more windows, as a range would)."""
+    """How far like windows read apart: the median difference between successive
+    ones, relative to their median (for two windows, their range over their
+    mean).  Medians, because a shared machine's noise is heavy-tailed: one
+    window whose threads lost their cores for a while reads a fraction of the
+    others, and must not decide the duel, nor its margin, alone."""
     if len(rates) < 2:
         return 0.0
-    m = statistics.fmean(rates)
-    steps = statistics.fmean(abs(b - a) for a, b in zip(rates, rates[1:]))
+    m = statistics.median(rates)
+    steps = statistics.median(abs(b - a) for a, b in zip(rates, rates[1:]))
     return steps / m if m > 0 else 0.0
 
 
 def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
-    """The duel of the windows ``a`` and ``b`` (each of one candidate)."""
+    """The duel of the windows ``a`` and ``b`` (each of one candidate): each side's
+    rate is the median of its windows."""
     ca, cb = a[0].candidate, b[0].candidate
     cheap, dear = (a, b) if ca.cost <= cb.cost else (b, a)
-    rc = statistics.fmean(w.rate for w in cheap)
-    rd = statistics.fmean(w.rate for w in dear)
+    rc = statistics.median(w.rate for w in cheap)
+    rd = statistics.median(w.rate for w in dear)
     margin = max(config.min_margin, _spread([w.rate for w in cheap]),
                  _spread([w.rate for w in dear]))
     winner = dear[0].candidate if rd > rc * (1 + margin) else cheap[0].candidate
@@ -459,9 +464,9 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     processes_skipped=r.skipped)
 
 
-def fixed(candidate: Candidate) -> Decision:
-    """The decision for a candidate the user chose."""
-    return Decision(run=candidate, choice=candidate, settled=True, reason=Reason.FIXED)
+def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:
+    """The decision for a candidate the user chose (or the only one there is)."""
+    return Decision(run=candidate, choice=candidate, settled=True, reason=reason)
 
 
 def drifted(settled_rate: float, recent: list[float], margin: float,

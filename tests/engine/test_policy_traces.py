@@ -1,0 +1,88 @@
+"""The execution policy replayed on readings recorded from real passes.
+
+Each file in ``traces/`` is one run of ``bench/record_choice.py``: a data set
+written as users write them, a fresh process, a default ``AsyncLoader`` on this
+project's 2-core machine, quiet or beside other load (``load1`` says how busy),
+until its choice settled.  The file holds the chooser's record (every window:
+candidate, rows, seconds, the consumer's wait), its space, the choice the live
+run made, and ``expect``: what the readings show, checked by hand when the
+trace was recorded.
+
+Replaying a record through ``policy.decide`` must give the live run's choice
+(the driver applied every decision as ``decide`` made it), and that choice
+must be the expected one.  A rule change that would decide one of these runs
+otherwise fails here; re-record (and re-check ``expect``) when that is the
+intent.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from asyncfeed._engine.policy import (Candidate, Mode, PolicyConfig, Record, Space, decide,
+                                      judge)
+
+TRACES = sorted((Path(__file__).parent / "traces").glob("*.json"))
+
+
+def _load(path: Path) -> tuple[dict, Record, Space]:
+    d = json.loads(path.read_text())
+    return d, Record.from_dict(d["record"]), Space.from_dict(d["space"])
+
+
+def test_there_are_traces_of_every_kind_quiet_and_loaded():
+    names = {p.name.split("-")[0] for p in TRACES}
+    assert {"gil", "sha", "noop", "dicts", "tokens", "cifar", "sleepy"} <= names, names
+    loads = [json.loads(p.read_text())["load1"] for p in TRACES]
+    assert min(loads) < 2.5 and max(loads) > 4, loads  # quiet runs and noisy ones
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+def test_a_recorded_run_replays_to_its_own_choice(path):
+    d, rec, sp = _load(path)
+    got = decide(rec, sp)
+    assert got.settled == d["settled"]
+    assert [got.choice.mode.value, got.choice.count] == d["choice"], got
+    exp = d["expect"]
+    assert got.choice.mode.value in exp["modes"], (got, exp)
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+def test_every_duel_of_a_recorded_run_follows_the_rule(path):
+    """Judged again from the windows alone: the dearer side won exactly where its
+    mean beat the cheaper side's by more than the spread of like windows."""
+    _, rec, sp = _load(path)
+    for duel in decide(rec, sp).duels:
+        dear_won = duel.winner == duel.dear
+        assert dear_won == (duel.dear_rate > duel.cheap_rate * (1 + duel.margin)), duel
+        assert duel.margin >= PolicyConfig().min_margin
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
+def test_no_window_of_a_recorded_run_is_lost_or_foreign(path):
+    """Every window ran a candidate of the space, and the replay asks, prefix by
+    prefix, for the candidate the next window ran (where the live run did not
+    switch for another reason: a start that failed, a request)."""
+    d, rec, sp = _load(path)
+    allowed = set(sp.rungs()) | ({sp.process} if sp.process else set())
+    assert {w.candidate for w in rec.windows} <= allowed
+    if rec.failed_starts == 0:
+        for k in range(len(rec.windows)):
+            assert decide(Record(rec.windows[:k], rec.recheck_at), sp).run \
+                == rec.windows[k].candidate, k
+
+
+def test_a_duel_is_symmetric_in_its_arguments():
+    path = next(p for p in TRACES if p.name.startswith("gil"))
+    _, rec, _ = _load(path)
+    by: dict[Candidate, list] = {}
+    for w in rec.windows:
+        by.setdefault(w.candidate, []).append(w)
+    a, b = [ws for ws in by.values() if len(ws) >= 2][:2]
+    assert judge(a, b, PolicyConfig()) == judge(b, a, PolicyConfig())
+    assert statistics.fmean(w.rate for w in a) > 0
+    assert Mode.THREADS in {w.candidate.mode for w in rec.windows}
