@@ -1,11 +1,12 @@
-"""The ``asyncfeed`` command line.
+"""The asyncfeed command line.
 
-``asyncfeed bench`` measures asyncfeed against torch's DataLoader, torchdata.nodes
-and SPDL on the built-in synthetic JPEG set (or ``--data DIR``), prints a table,
-and writes a PNG (``--plot``) and, with ``--json``, every raw figure.
+asyncfeed bench measures asyncfeed against torch's DataLoader, torchdata.nodes and SPDL
+on the built-in synthetic JPEG set (or --data DIR), prints a table per workload, and
+writes a PNG (--plot) and, with --json, every raw figure; --markdown turns such a JSON
+into the benchmarks page.
 
-``asyncfeed profile [DATA]`` runs a short pass of a data set through AsyncLoader
-and DataLoader and says where the time goes (``_bench/profile.py``).
+asyncfeed profile [DATA] runs a short pass of a data set through AsyncLoader and
+DataLoader and says where the time goes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def _names(choices: Sequence[str]):
 def _parser() -> argparse.ArgumentParser:
     from .contenders import FAMILIES
     from .workloads import WORKLOADS
-    p = argparse.ArgumentParser(prog="asyncfeed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="asyncfeed", description="Keep GPUs fed: benchmark and profile data loading.",
+        epilog="asyncfeed bench --help and asyncfeed profile --help list each command's "
+               "options.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
     b = sub.add_parser(
@@ -69,7 +73,12 @@ def _parser() -> argparse.ArgumentParser:
                     "first batch and the tuning curve. Workloads: "
                     + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
     b.add_argument("--quick", action="store_true",
-                   help="tiny data, one round, few settings: seconds, for smoke tests")
+                   help="a smoke run in seconds: tiny data, one round, few settings, "
+                        "workload a only unless --workloads says otherwise; its ratios are "
+                        "start-up costs, not a comparison")
+    b.add_argument("--markdown", metavar="JSON",
+                   help="run nothing: print the benchmarks page (docs/benchmarks.md) for the "
+                        "results in JSON (written by --json)")
     b.add_argument("--data", metavar="DIR",
                    help="an ImageFolder tree (root/<class>/<image>) instead of the synthetic set")
     b.add_argument("--size", type=int, default=224, help="output side in pixels (224)")
@@ -80,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-plot", action="store_true", help="write no PNG")
     b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=None,
                    help="comma-separated subset of " + ",".join(WORKLOADS) + " (default: all;"
-                        " with --data, all but e: e would list the whole tree over HTTP)")
+                        " with --data, all but e: e would list the whole tree over HTTP; "
+                        "with --quick, a)")
     b.add_argument("--cifar-samples", type=int, default=20_000,
                    help="size of workload f's CIFAR-like set, one epoch per run (20000)")
     b.add_argument("--ceiling-threads", type=_ints, default=(8, 16, 32, 64, 128, 256),
@@ -249,11 +259,29 @@ def _prepare_data(args: argparse.Namespace, images: int, samples: int, scratch: 
 
 
 def _workloads(args: argparse.Namespace) -> tuple[str, ...]:
-    """``--workloads``, else all (all but e with ``--data``: e would list the whole tree
-    over HTTP)."""
-    return tuple(args.workloads or (
-        ("a", "b", "c", "d", "f", "g", "overhead", "ceiling") if args.data
-        else ("a", "b", "c", "d", "e", "f", "g", "overhead", "ceiling")))
+    """``--workloads``; else ``a`` for a smoke run (every contender once, in seconds);
+    else all (all but e with ``--data``: e would list the whole tree over HTTP)."""
+    if args.workloads:
+        return tuple(args.workloads)
+    if args.quick:
+        return ("a",)
+    return (("a", "b", "c", "d", "f", "g", "overhead", "ceiling") if args.data
+            else ("a", "b", "c", "d", "e", "f", "g", "overhead", "ceiling"))
+
+
+def write_markdown(path: str) -> int:
+    """Print the benchmarks page for the results JSON at ``path``."""
+    import json
+
+    from .markdown import markdown
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"asyncfeed bench: cannot read {path}: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown(results, path))
+    return 0
 
 
 def _missing_tools(args: argparse.Namespace) -> str | None:
@@ -275,6 +303,8 @@ def _missing_tools(args: argparse.Namespace) -> str | None:
 def bench(args: argparse.Namespace) -> int:
     import tempfile
 
+    if args.markdown:
+        return write_markdown(args.markdown)
     missing = _missing_tools(args)
     if missing:
         print(f"asyncfeed bench: {missing}", file=sys.stderr)
