@@ -84,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--size", type=int, default=224, help="output side in pixels (224)")
     b.add_argument("--batch-size", type=int, default=None, help="batch size (32; 8 with --quick)")
     b.add_argument("--json", metavar="PATH", help="write every raw figure and the machine here")
-    b.add_argument("--plot", metavar="PATH", default="asyncfeed-bench.png",
-                   help="PNG to write (default ./asyncfeed-bench.png)")
+    b.add_argument("--plot", metavar="PATH", default=None,
+                   help="PNG to write (default ./asyncfeed-bench.png; none with --quick)")
     b.add_argument("--no-plot", action="store_true", help="write no PNG")
     b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=None,
                    help="comma-separated subset of " + ",".join(WORKLOADS) + " (default: all;"
@@ -284,11 +284,19 @@ def write_markdown(path: str) -> int:
     return 0
 
 
+def _plot_path(args: argparse.Namespace) -> str | None:
+    """The PNG to write: ``--plot``, else ./asyncfeed-bench.png for a full run (a smoke
+    run writes none unless asked: matplotlib's start would be a good part of it)."""
+    if args.no_plot:
+        return None
+    return args.plot or (None if args.quick else "asyncfeed-bench.png")
+
+
 def _missing_tools(args: argparse.Namespace) -> str | None:
     """Why the bench cannot run here (a package of the ``[bench]`` extra is missing), or None."""
     from .._optional import require
     needs = ["psutil", "tqdm"]
-    if not args.no_plot and args.plot:
+    if _plot_path(args):
         needs.append("matplotlib")
     if "e" in _workloads(args):
         needs += ["fsspec", "aiohttp"]  # workload e: an HTTP server and remote reads
@@ -375,10 +383,13 @@ def bench(args: argparse.Namespace) -> int:
     if args.json:
         report.write_json(results, args.json)
         print(f"\nJSON: {os.path.abspath(args.json)}")
-    if not args.no_plot and args.plot:
+    plot = _plot_path(args)
+    if plot:
         from .plot import write_png
-        write_png(results, args.plot)
-        print(f"plot: {os.path.abspath(args.plot)}")
+        write_png(results, plot)
+        print(f"plot: {os.path.abspath(plot)}")
+    if quick:
+        print("\n" + report.QUICK_NOTICE)
     failed = [c for rows in results["runs"].values() for c in rows
               for r in c["runs"] if not r.get("ok")]
     return 1 if failed else 0

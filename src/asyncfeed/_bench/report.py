@@ -113,7 +113,8 @@ def lead_line(workload: str, rows: list[dict], *, quick: bool) -> str | None:
     if other is None:
         line += ", no other loader measured"
     elif fig == "wait_fraction":
-        line += f", against {other['label']} ({_figure(other[fig], unit)})"
+        line += f", against the best other loader, {other['label']} " \
+                f"({_figure(other[fig], unit)})"
     elif other[fig] > 0 and top[fig] > 0:
         what = "the rate" if fig == "rate" else "the time"
         line += f", {top[fig] / other[fig]:.2f}x {what} of the best other loader, " \
@@ -272,8 +273,9 @@ def settings_line(results: dict) -> str:
 
 
 def render(results: dict) -> str:
-    """The human-readable report (what the terminal shows at the end); a smoke run's
-    notice comes last, where it does not scroll away."""
+    """The human-readable report (what the terminal shows at the end).  A smoke run's
+    :data:`QUICK_NOTICE` is not in it: the command prints it after everything else, where
+    it does not scroll away (each table's last line already says it was a smoke run)."""
     s, summ = results["settings"], results["summary"]
     parts = [f"asyncfeed bench: {machine_line(results)}", settings_line(results),
              "* = the loader's defaults (no tuning).  samples/s: the whole epoch, from "
@@ -322,8 +324,6 @@ def render(results: dict) -> str:
                      + "; those figures are noisy.")
     if results.get("elapsed_s"):
         parts.append(f"\ntotal time {results['elapsed_s']:.0f} s")
-    if s.get("quick"):
-        parts.append("\n" + QUICK_NOTICE)
     return "\n".join(parts)
 
 
