@@ -49,7 +49,7 @@ def check_result(doc: dict, with_dataloader: bool = True) -> None:
     assert tuple(af["stages"]) == STAGES
     decode = af["stages"]["decode"]
     assert decode["count"] > 0
-    if af["execution"].startswith("threads"):
+    if af["execution"].startswith(("threads", "inline")):
         assert decode["cpu_s"] >= 0
     else:  # rows decoded in worker processes: their CPU is not the stage's (None)
         assert af["execution"].startswith("processes") and \

@@ -184,7 +184,7 @@ def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None
 
     try:
         out = _consume(_epochs(lambda: loader), seconds, step, on_batch)
-        execution = loader.stats().execution
+        report = loader.stats().execution
     finally:
         loader.close()
     # closed: each snapshot is its pass's final one (summed from the first, not from an
@@ -196,7 +196,7 @@ def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None
     advice = (explain(whole, reading, dataset_knobs(ds)) if reading.bottleneck else
               "No batch has been delivered yet: there is nothing to explain.")
     return {**out, "loader": "AsyncLoader", "threads": loader.num_threads,
-            "execution": str(execution),
+            "execution": str(report) if report is not None else "",
             # the loop's wait as the verdict read it (each pass's first batch left out)
             "wait_share": reading.wait_share,
             "stages": {k: {"count": v.count, "wall_s": v.wall_s, "cpu_s": v.cpu_s}
