@@ -692,3 +692,19 @@ def test_stats_carry_the_datasets_knobs_into_explain(jpeg_root):
     st = LoaderStats(bottleneck="decode", _reading=(s, a), _knobs=fields["_knobs"])
     assert 'interpolation="linear"' in st.explain()
     assert observe(acct, 2, GetItemOnly(4))["_knobs"] is None
+
+
+def test_an_inline_pass_is_explained_as_the_loops_own_thread():
+    """Inline, no decode thread runs: the consumer's thread is the capacity (not 0
+    threads at an absurd load), and the advice says the loop loads the rows itself."""
+    with AsyncLoader(GetItemOnly(96, work=numpy_sort), batch_size=8,
+                     execution="inline") as loader:
+        drain(loader)
+        st = loader.stats()
+    assert st.execution.mode.value == "inline"
+    assert st.bottleneck == "decode", st._reading
+    snap, a = st._reading
+    assert 0.0 < a.loads["threads"] <= 1.5, a.loads
+    text = st.explain()
+    assert "inline" in text and "0 decode threads" not in text, text
+    assert 2 <= sentences(text) <= 3, text

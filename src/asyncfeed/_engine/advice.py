@@ -80,9 +80,11 @@ def _per_item_ms(s: Snapshot, stage: str) -> float:
     return 1000.0 * st.wall_s / st.count if st is not None and st.count else 0.0
 
 
-def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None) -> str:
+def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
+            inline: bool = False) -> str:
     """Plain sentences on ``a.bottleneck`` with the figures behind it; ``knobs``: the
-    data set's own settings, when it is an ``ImageFolder``."""
+    data set's own settings, when it is an ``ImageFolder``; ``inline``: the consumer's
+    thread loads the rows (no decode thread runs)."""
     waited = f"the training loop waited for data {a.wait_share:.0%} of the time"
     load = a.loads.get(a.limiting or "", 0.0)
     threads = _capacity(s, "threads")
@@ -138,6 +140,14 @@ def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None) -> str:
             knob = "cores are left: raise num_threads"
         else:
             knob = f"the cores are busy: {_cheaper(knobs)}"
+        if inline:
+            if spare and not queued > 0.3:
+                knob = ("cores are left, but where execution=\"auto\" chose inline it "
+                        "measured decode threads and worker processes no faster: make "
+                        "each sample cheaper")
+            return (f"Decoding is the bottleneck: {waited}, and the training loop's own "
+                    f"thread loads the rows (inline, as num_workers=0) using {used}. "
+                    f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
         who = (f"{_capacity(s, 'processes'):g} worker processes" if a.limiting == "processes"
                else f"{threads:g} decode threads allowed to run")
         return (f"Decoding is the bottleneck: {waited}, and the {who} "

@@ -10,7 +10,7 @@ from typing import Any
 
 from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
 from .advice import DatasetKnobs, dataset_knobs, explain
-from .policy import ExecutionReport
+from .policy import ExecutionReport, Mode
 
 log = logging.getLogger("asyncfeed")
 
@@ -123,7 +123,8 @@ class LoaderStats:
         (the data set's own argument where it is an ``ImageFolder``)."""
         if self._reading is None:
             return "No batch has been delivered yet: there is nothing to explain."
-        return explain(*self._reading, self._knobs)
+        inline = self.execution is not None and self.execution.mode is Mode.INLINE
+        return explain(*self._reading, self._knobs, inline=inline)
 
 
 def observe(acct: Accounting | None, cores: int, dataset: Any = None) -> dict[str, Any]:
