@@ -349,3 +349,18 @@ def test_markdown_of_a_missing_json_is_a_clear_error(tmp_path, capsys):
     from asyncfeed._bench.cli import main
     assert main(["bench", "--markdown", str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_published_json_has_no_private_fields(quick):
+    """A loader's private stats fields are not figures: the JSON leaves them out."""
+    def keys(obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield k
+                yield from keys(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                yield from keys(v)
+    assert not [k for k in keys(quick["json"]) if str(k).startswith("_")]
+    with open(os.path.join(ROOT, "docs", "benchmarks-2core.json")) as f:
+        assert not [k for k in keys(json.load(f)) if str(k).startswith("_")]

@@ -327,6 +327,17 @@ def render(results: dict) -> str:
     return "\n".join(parts)
 
 
+def public(obj: Any) -> Any:
+    """``obj`` without the keys that start with ``_``, at every depth: a loader's private
+    fields (its stats' internal reading) are not figures, and the JSON is published."""
+    if isinstance(obj, dict):
+        return {k: public(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, list):
+        return [public(v) for v in obj]
+    return obj
+
+
 def write_json(results: dict, path: str) -> None:
+    """Every figure of a run, as published (:func:`public`)."""
     with open(path, "w") as f:
-        json.dump(results, f, indent=1, default=str)
+        json.dump(public(results), f, indent=1, default=str)
