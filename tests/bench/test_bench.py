@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,9 +33,14 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 pytestmark = pytest.mark.timeout(300)
 
 
+#: every workload: a user's ``--quick`` runs (a) only, the tests smoke-run them all
+ALL_WORKLOADS = "a,b,c,d,e,f,g,overhead,ceiling"
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """One real ``asyncfeed bench --quick`` in a subprocess (about 15-30 s on 2 cores)."""
+    """One real ``asyncfeed bench --quick`` of every workload in a subprocess (about
+    15-30 s on 2 cores)."""
     tmp = tmp_path_factory.mktemp("bench")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([SRC] + [p for p in env.get("PYTHONPATH", "").split(
@@ -43,8 +49,8 @@ def quick(tmp_path_factory):
     env["ASYNCFEED_CACHE"] = str(tmp / "cache")
     out_json, out_png = tmp / "out.json", tmp / "out.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "asyncfeed._bench.cli", "bench", "--quick", "--json", str(out_json),
-         "--plot", str(out_png)],
+        [sys.executable, "-m", "asyncfeed._bench.cli", "bench", "--quick", "--workloads",
+         ALL_WORKLOADS, "--json", str(out_json), "--plot", str(out_png)],
         cwd=tmp, env=env, capture_output=True, text=True, timeout=280)
     data = json.loads(out_json.read_text()) if out_json.exists() else None
     return {"proc": proc, "json": data, "png": out_png, "tmp": tmp}
@@ -245,7 +251,6 @@ def test_a_default_measured_again_explicitly_is_pooled_as_twins(tmp_path):
 
 def test_quick_run_has_the_added_workloads_and_a_headline(quick):
     out, data = quick["proc"].stdout, quick["json"]
-    assert QUICK_NOTICE in out  # its ratios are start-up costs, and it says so
     for head in ("headline:", "(f) CIFAR-like", "(g) PIL decode", "(overhead)", "(ceiling)"):
         assert head in out
     summ = data["summary"]
@@ -256,3 +261,106 @@ def test_quick_run_has_the_added_workloads_and_a_headline(quick):
         assert h["rate"] > 0 and h["ratio"] > 0, h
     for row in summ["ceiling"]:
         assert row["ideal_rate"] == row["knob"] / 0.005 and row["vs_ideal"] > 0
+
+
+def test_a_smoke_run_says_so_last_and_under_every_table(quick):
+    """Its ratios are start-up costs: the notice is the last thing printed (after the JSON
+    and plot paths), and every workload's table ends with who led, marked a smoke run."""
+    out = quick["proc"].stdout.rstrip()
+    assert out.endswith(QUICK_NOTICE), out[-600:]
+    assert out.count(QUICK_NOTICE) == 1
+    leads = [line for line in out.splitlines() if line.startswith("led: ")]
+    assert len(leads) == len(quick["json"]["summary"]), leads  # one per workload table
+    for line in leads:
+        assert line.endswith("; a smoke run (--quick): not a comparison"), line
+        assert re.search(r"(\d\.\d\dx the (rate|time) of|against) the best other loader",
+                         line) or "no other loader" in line, line
+
+
+def test_quick_alone_runs_workload_a_only_and_writes_no_png():
+    from asyncfeed._bench.cli import _parser, _plot_path, _workloads
+    args = _parser().parse_args(["bench", "--quick"])
+    assert _workloads(args) == ("a",) and _plot_path(args) is None
+    args = _parser().parse_args(["bench", "--quick", "--workloads", "a,c", "--plot", "x.png"])
+    assert _workloads(args) == ("a", "c") and _plot_path(args) == "x.png"
+    args = _parser().parse_args(["bench"])
+    assert "e" in _workloads(args) and _plot_path(args) == "asyncfeed-bench.png"
+
+
+def _rows(*rows: tuple) -> list[dict]:
+    return [dict(zip(("label", "family", "dataset", "rate"), r)) for r in rows]
+
+
+def test_lead_line_names_the_leader_and_the_best_other_loader():
+    from asyncfeed._bench.report import lead_line
+    rows = _rows(("limit", "limit", "folder", 900.0), ("DataLoader w=2", "dataloader", "folder", 400.0),
+                 ("asyncfeed t=4", "asyncfeed", "folder", 500.0),
+                 ("asyncfeed map-style", "asyncfeed-map", "folder", 450.0))
+    assert lead_line("a", rows, quick=False) == (
+        "led: asyncfeed t=4 (500/s), 1.25x the rate of the best other loader, "
+        "DataLoader w=2 (400/s); a full run")
+    rows[1]["rate"] = 600.0
+    assert lead_line("a", rows, quick=True).startswith(
+        "led: DataLoader w=2 (600/s), 1.20x the rate of the best other loader, asyncfeed t=4")
+    ttfb = [{"label": "DataLoader w=2 fork", "family": "dataloader", "dataset": "folder",
+             "ttfb_s": 0.2}, {"label": "asyncfeed", "family": "asyncfeed",
+                              "dataset": "folder", "ttfb_s": 0.1}]
+    assert lead_line("d", ttfb, quick=False).startswith(
+        "led: asyncfeed (0.100 s), 0.50x the time of the best other loader")
+
+
+def test_help_has_no_markup(capsys):
+    from asyncfeed._bench.cli import main
+    for argv in ([], ["bench", "--help"], ["profile", "--help"]):
+        try:
+            main(argv if argv else ["--help"])
+        except SystemExit:
+            pass
+        text = capsys.readouterr().out
+        assert "usage: asyncfeed" in text and "``" not in text and ":mod:" not in text, text
+
+
+ROOT = os.path.dirname(SRC)
+
+
+def test_the_benchmarks_page_is_generated_from_the_committed_json(capsys):
+    """docs/benchmarks.md is what --markdown makes of docs/benchmarks-2core.json, a
+    reference of at most about 250 lines with the machine, the command and a table and
+    a lead line per workload."""
+    from asyncfeed._bench.cli import main
+    json_path = os.path.join("docs", "benchmarks-2core.json")
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert main(["bench", "--markdown", json_path]) == 0
+    finally:
+        os.chdir(cwd)
+    page = capsys.readouterr().out
+    with open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8") as f:
+        assert f.read() == page, "docs/benchmarks.md is stale: regenerate it with --markdown"
+    assert len(page.splitlines()) <= 260
+    data = json.load(open(os.path.join(ROOT, json_path)))
+    assert "## Results: 2 cores" in page and "asyncfeed bench --markdown" in page
+    assert page.count("\nLed: ") == len(data["summary"])
+    assert not re.search(r"20\d\d-\d\d-\d\d|[Ii]ssue \d|\b[0-9a-f]{10,40}\b", page)
+
+
+def test_markdown_of_a_missing_json_is_a_clear_error(tmp_path, capsys):
+    from asyncfeed._bench.cli import main
+    assert main(["bench", "--markdown", str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_published_json_has_no_private_fields(quick):
+    """A loader's private stats fields are not figures: the JSON leaves them out."""
+    def keys(obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield k
+                yield from keys(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                yield from keys(v)
+    assert not [k for k in keys(quick["json"]) if str(k).startswith("_")]
+    with open(os.path.join(ROOT, "docs", "benchmarks-2core.json")) as f:
+        assert not [k for k in keys(json.load(f)) if str(k).startswith("_")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 
 import pytest
@@ -48,7 +49,7 @@ def check_result(doc: dict, with_dataloader: bool = True) -> None:
     assert tuple(af["stages"]) == STAGES
     decode = af["stages"]["decode"]
     assert decode["count"] > 0
-    if af["execution"].startswith("threads"):
+    if af["execution"].startswith(("threads", "inline")):
         assert decode["cpu_s"] >= 0
     else:  # rows decoded in worker processes: their CPU is not the stage's (None)
         assert af["execution"].startswith("processes") and \
@@ -78,6 +79,31 @@ def test_profile_prints_the_table_and_writes_the_plot(folder, tmp_path, capsys):
     doc = json.loads(raw.read_text())
     check_result(doc, with_dataloader=False)
     assert doc["model_ms"] == 5.0 and doc["runs"][0]["timeline"], "no window for the plot"
+    check_table_agrees_with_advice(out, doc)
+
+
+def check_table_agrees_with_advice(out: str, doc: dict) -> None:
+    """One reading: the table's wait share and bottleneck are the advice's."""
+    af = doc["runs"][0]
+    waited = re.search(r"^loop waited for data\s+(\d+)%", out, re.M)
+    assert waited and int(waited.group(1)) == round(100 * af["wait_share"]), out
+    said = re.search(r"waited for data (\d+)% of the time", af["advice"])
+    if said:  # every verdict but the GIL's quotes the wait
+        assert said.group(1) == waited.group(1), (out, af["advice"])
+    assert re.search(rf"^bottleneck\s+{af['bottleneck']}\b", out, re.M), out
+    section = {"consumer": "#consumer", "fetch": "#fetch", "decode": "#decode",
+               "gil": "#gil", "h2d": "#h2d"}[af["bottleneck"]]
+    assert section in af["advice"], (af["bottleneck"], af["advice"])
+
+
+def test_profile_advice_on_an_imagefolder_names_its_arguments(folder, capsys):
+    """The profiled data set is an ImageFolder: a decode verdict with the cores busy names
+    interpolation="linear", never the DCT-scaled decode it already does."""
+    assert cli.main(["profile", str(folder), "--seconds", "0.8", "--batch-size", "4",
+                     "--size", "64", "--no-dataloader"]) == 0
+    out = capsys.readouterr().out
+    advice = out.split("advice: ", 1)[1]
+    assert "DCT-scaled decode, a linear resize" not in advice, advice
 
 
 def test_profile_without_data_uses_the_synthetic_set(tmp_path, capsys):

@@ -485,11 +485,17 @@ def test_progress_bar_carries_rate_and_bottleneck_and_refreshes_rarely(capfd):
     with AsyncLoader(Sleepy(240), batch_size=8, num_threads=2, progress=True) as loader:
         assert drain(loader, sleep=0.04) == 30
     elapsed = time.perf_counter() - t0
+    st = loader.stats()  # the pass is over: its final reading
     _, err = capfd.readouterr()
     assert "epoch 0" in err and "30/30" in err
-    assert re.search(r"samples/s=\d+", err) and re.search(r"bottleneck=(consumer|decode)", err)
+    # while running, the verdict is labelled as the last refresh window's ...
+    assert re.search(r"samples/s=\d+", err)
+    assert re.search(r"bottleneck\(last 0\.5s\)=(consumer|decode)", err), err[-500:]
+    # ... and the bar's last word is the whole pass's: the word stats() says
+    last = err.rstrip().split("\r")[-1]
+    assert f"bottleneck(pass)={st.bottleneck}" in last, (last, st.bottleneck)
     # one line per refresh: at most ~2 per second (REFRESH_S) plus the first and last
-    assert err.count("\r") <= 3 * elapsed + 3, (err.count("\r"), elapsed)
+    assert err.count("\r") <= 3 * elapsed + 4, (err.count("\r"), elapsed)
 
 
 def test_log_every_writes_one_structured_line_per_interval(caplog):
@@ -503,7 +509,30 @@ def test_log_every_writes_one_structured_line_per_interval(caplog):
     f = lines[-1].asyncfeed
     assert set(f["shares"]) == set(STAGES) and sum(f["shares"].values()) == pytest.approx(1.0)
     assert f["samples_per_s"] > 0 and f["bottleneck"] in VERDICTS
-    assert "bottleneck=" in lines[-1].getMessage() and "samples_per_s=" in lines[-1].getMessage()
+    message = lines[-1].getMessage()
+    assert "bottleneck=" in message and "samples_per_s=" in message and "window_s=" in message
+    # the logger's name says where the line comes from: the message does not repeat it
+    assert not message.startswith("asyncfeed")
+
+
+def test_log_lines_under_basicconfig_carry_the_name_once():
+    import io
+    import logging
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    logger = logging.getLogger("asyncfeed")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel("INFO")
+    try:
+        with AsyncLoader(Sleepy(80), batch_size=8, num_threads=2, log_every=0.05) as loader:
+            drain(loader, sleep=0.02)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    lines = stream.getvalue().splitlines()
+    assert lines and all(line.startswith("INFO:asyncfeed:window_s=") for line in lines), lines
 
 
 def test_progress_without_tqdm_says_what_to_install(monkeypatch):
@@ -595,3 +624,87 @@ def test_a_pinned_loaders_next_pass_probes_where_its_last_left_off():
         assert loader._acct.probe is not first
         assert loader._acct.probe.not_before == first.next_wake > 0
         del it
+
+
+# ------------------------------------------------ advice for the data set at hand
+def _decode_bound_cores_busy() -> tuple[Snapshot, object]:
+    """Decoding is the bottleneck and both cores are busy: the advice is to make each
+    sample cheaper, in terms of the data set's own arguments."""
+    s = Snapshot(elapsed_s=10.0, stages=snap(decode=(100, 36.0, 19.0)), process_cpu_s=19.5,
+                 cpu_threads_run_delay_s=17.0, wait_s=5.0, batches=100, samples=3200,
+                 resources=THREADS, gil_held=0, gil_probes=1000)
+    a = analyse(s, cores=2)
+    assert a.bottleneck == "decode"
+    return s, a
+
+
+@pytest.fixture(scope="module")
+def jpeg_root(tmp_path_factory):
+    from support import imagegen
+    root = tmp_path_factory.mktemp("advice-folder")
+    for c in ("cat", "dog"):
+        (root / c).mkdir()
+        for i in range(4):
+            imagegen.write("baseline", root / c / f"{i}.jpg", h=40, w=56, seed=i)
+    return root
+
+
+def test_advice_on_an_imagefolder_names_the_knob_it_has_left(jpeg_root):
+    """ImageFolder already decodes DCT-scaled to uint8: the advice must not tell its user
+    to do that, and names interpolation="linear", the argument that is left."""
+    from asyncfeed import ImageFolder
+    from asyncfeed._engine.advice import dataset_knobs
+    s, a = _decode_bound_cores_busy()
+    generic = explain(s, a)
+    assert "DCT-scaled decode, a linear resize, uint8 output" in generic
+    text = explain(s, a, dataset_knobs(ImageFolder(str(jpeg_root), 32)))
+    assert 'interpolation="linear"' in text and "already" in text, text
+    assert "DCT-scaled decode, a linear resize" not in text
+    assert 2 <= sentences(text) <= 3, text
+    linear = explain(s, a, dataset_knobs(ImageFolder(str(jpeg_root), 32,
+                                                     interpolation="linear")))
+    assert 'interpolation="linear"' not in linear and "smaller size than 32" in linear
+
+
+def test_advice_on_blocking_imagefolder_reads_names_its_io_argument(jpeg_root):
+    from asyncfeed import ImageFolder
+    from asyncfeed._engine.advice import dataset_knobs
+    s = Snapshot(elapsed_s=10.0, stages=snap(fetch=(100, 30.0, 0.5), decode=(100, 2.0, 2.0)),
+                 process_cpu_s=3.0, cpu_threads_run_delay_s=0.0, wait_s=5.0, batches=100,
+                 samples=3200, resources=THREADS, gil_held=0, gil_probes=1000)
+    a = analyse(s, cores=2)
+    assert (a.bottleneck, a.limiting) == ("fetch", "threads")
+    knobs = dataset_knobs(ImageFolder(str(jpeg_root), 32, io="thread"))
+    assert 'ImageFolder(..., io="async")' in explain(s, a, knobs)
+    assert "ImageFolder" not in explain(s, a)  # a data set of its own: no ImageFolder advice
+
+
+def test_stats_carry_the_datasets_knobs_into_explain(jpeg_root):
+    """``observe`` reads the knobs of the loader's data set once; explain() uses them."""
+    from asyncfeed import ImageFolder
+    from asyncfeed._engine.stats import LoaderStats, observe
+    ds = ImageFolder(str(jpeg_root), 32)
+    assert observe(None, 2, ds) == {}
+    acct = Accounting()
+    fields = observe(acct, 2, ds)
+    assert fields["_knobs"].interpolation == "area" and not fields["_knobs"].own_decoder
+    s, a = _decode_bound_cores_busy()
+    st = LoaderStats(bottleneck="decode", _reading=(s, a), _knobs=fields["_knobs"])
+    assert 'interpolation="linear"' in st.explain()
+    assert observe(acct, 2, GetItemOnly(4))["_knobs"] is None
+
+
+def test_an_inline_pass_is_explained_as_the_loops_own_thread():
+    """Inline, no decode thread runs: the consumer's thread is the capacity (not 0
+    threads at an absurd load), and the advice says the loop loads the rows itself."""
+    with AsyncLoader(GetItemOnly(96, work=numpy_sort), batch_size=8,
+                     execution="inline") as loader:
+        drain(loader)
+        st = loader.stats()
+    assert st.execution.mode.value == "inline"
+    assert st.bottleneck == "decode", st._reading
+    snap, a = st._reading
+    assert 0.0 < a.loads["threads"] <= 1.5, a.loads
+    text = st.explain()
+    assert "inline" in text and "0 decode threads" not in text, text
+    assert 2 <= sentences(text) <= 3, text

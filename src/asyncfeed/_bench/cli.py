@@ -1,11 +1,12 @@
-"""The ``asyncfeed`` command line.
+"""The asyncfeed command line.
 
-``asyncfeed bench`` measures asyncfeed against torch's DataLoader, torchdata.nodes
-and SPDL on the built-in synthetic JPEG set (or ``--data DIR``), prints a table,
-and writes a PNG (``--plot``) and, with ``--json``, every raw figure.
+asyncfeed bench measures asyncfeed against torch's DataLoader, torchdata.nodes and SPDL
+on the built-in synthetic JPEG set (or --data DIR), prints a table per workload, and
+writes a PNG (--plot) and, with --json, every raw figure; --markdown turns such a JSON
+into the benchmarks page.
 
-``asyncfeed profile [DATA]`` runs a short pass of a data set through AsyncLoader
-and DataLoader and says where the time goes (``_bench/profile.py``).
+asyncfeed profile [DATA] runs a short pass of a data set through AsyncLoader and
+DataLoader and says where the time goes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def _names(choices: Sequence[str]):
 def _parser() -> argparse.ArgumentParser:
     from .contenders import FAMILIES
     from .workloads import WORKLOADS
-    p = argparse.ArgumentParser(prog="asyncfeed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="asyncfeed", description="Keep GPUs fed: benchmark and profile data loading.",
+        epilog="asyncfeed bench --help and asyncfeed profile --help list each command's "
+               "options.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
     b = sub.add_parser(
@@ -69,18 +73,24 @@ def _parser() -> argparse.ArgumentParser:
                     "first batch and the tuning curve. Workloads: "
                     + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
     b.add_argument("--quick", action="store_true",
-                   help="tiny data, one round, few settings: seconds, for smoke tests")
+                   help="a smoke run in seconds: tiny data, one round, few settings, "
+                        "workload a only unless --workloads says otherwise; its ratios are "
+                        "start-up costs, not a comparison")
+    b.add_argument("--markdown", metavar="JSON",
+                   help="run nothing: print the benchmarks page (docs/benchmarks.md) for the "
+                        "results in JSON (written by --json)")
     b.add_argument("--data", metavar="DIR",
                    help="an ImageFolder tree (root/<class>/<image>) instead of the synthetic set")
     b.add_argument("--size", type=int, default=224, help="output side in pixels (224)")
     b.add_argument("--batch-size", type=int, default=None, help="batch size (32; 8 with --quick)")
     b.add_argument("--json", metavar="PATH", help="write every raw figure and the machine here")
-    b.add_argument("--plot", metavar="PATH", default="asyncfeed-bench.png",
-                   help="PNG to write (default ./asyncfeed-bench.png)")
+    b.add_argument("--plot", metavar="PATH", default=None,
+                   help="PNG to write (default ./asyncfeed-bench.png; none with --quick)")
     b.add_argument("--no-plot", action="store_true", help="write no PNG")
     b.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=None,
                    help="comma-separated subset of " + ",".join(WORKLOADS) + " (default: all;"
-                        " with --data, all but e: e would list the whole tree over HTTP)")
+                        " with --data, all but e: e would list the whole tree over HTTP; "
+                        "with --quick, a)")
     b.add_argument("--cifar-samples", type=int, default=20_000,
                    help="size of workload f's CIFAR-like set, one epoch per run (20000)")
     b.add_argument("--ceiling-threads", type=_ints, default=(8, 16, 32, 64, 128, 256),
@@ -249,18 +259,44 @@ def _prepare_data(args: argparse.Namespace, images: int, samples: int, scratch: 
 
 
 def _workloads(args: argparse.Namespace) -> tuple[str, ...]:
-    """``--workloads``, else all (all but e with ``--data``: e would list the whole tree
-    over HTTP)."""
-    return tuple(args.workloads or (
-        ("a", "b", "c", "d", "f", "g", "overhead", "ceiling") if args.data
-        else ("a", "b", "c", "d", "e", "f", "g", "overhead", "ceiling")))
+    """``--workloads``; else ``a`` for a smoke run (every contender once, in seconds);
+    else all (all but e with ``--data``: e would list the whole tree over HTTP)."""
+    if args.workloads:
+        return tuple(args.workloads)
+    if args.quick:
+        return ("a",)
+    return (("a", "b", "c", "d", "f", "g", "overhead", "ceiling") if args.data
+            else ("a", "b", "c", "d", "e", "f", "g", "overhead", "ceiling"))
+
+
+def write_markdown(path: str) -> int:
+    """Print the benchmarks page for the results JSON at ``path``."""
+    import json
+
+    from .markdown import markdown
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"asyncfeed bench: cannot read {path}: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown(results, path))
+    return 0
+
+
+def _plot_path(args: argparse.Namespace) -> str | None:
+    """The PNG to write: ``--plot``, else ./asyncfeed-bench.png for a full run (a smoke
+    run writes none unless asked: matplotlib's start would be a good part of it)."""
+    if args.no_plot:
+        return None
+    return args.plot or (None if args.quick else "asyncfeed-bench.png")
 
 
 def _missing_tools(args: argparse.Namespace) -> str | None:
     """Why the bench cannot run here (a package of the ``[bench]`` extra is missing), or None."""
     from .._optional import require
     needs = ["psutil", "tqdm"]
-    if not args.no_plot and args.plot:
+    if _plot_path(args):
         needs.append("matplotlib")
     if "e" in _workloads(args):
         needs += ["fsspec", "aiohttp"]  # workload e: an HTTP server and remote reads
@@ -275,6 +311,8 @@ def _missing_tools(args: argparse.Namespace) -> str | None:
 def bench(args: argparse.Namespace) -> int:
     import tempfile
 
+    if args.markdown:
+        return write_markdown(args.markdown)
     missing = _missing_tools(args)
     if missing:
         print(f"asyncfeed bench: {missing}", file=sys.stderr)
@@ -345,10 +383,13 @@ def bench(args: argparse.Namespace) -> int:
     if args.json:
         report.write_json(results, args.json)
         print(f"\nJSON: {os.path.abspath(args.json)}")
-    if not args.no_plot and args.plot:
+    plot = _plot_path(args)
+    if plot:
         from .plot import write_png
-        write_png(results, args.plot)
-        print(f"plot: {os.path.abspath(args.plot)}")
+        write_png(results, plot)
+        print(f"plot: {os.path.abspath(plot)}")
+    if quick:
+        print("\n" + report.QUICK_NOTICE)
     failed = [c for rows in results["runs"].values() for c in rows
               for r in c["runs"] if not r.get("ok")]
     return 1 if failed else 0

@@ -6,8 +6,12 @@ through ``DataLoader(num_workers=cores)``, each consumed by a loop that takes
 while pynvml samples the GPU's utilisation).  For each loader: samples/s after
 the first batch, time to the first batch, the share of time the loop waited
 for data, and for AsyncLoader the stage breakdown, GIL share, bottleneck and
-advice (``stats()``); every half second a window of the stage figures, for
-``--plot``.
+advice; every half second a window of the stage figures, for ``--plot``.
+
+AsyncLoader's wait share, stages, GIL share, bottleneck and advice come from one
+reading: its accounting summed over every pass of the profile, read as
+``stats()`` reads a pass.  So the table and the advice cannot disagree, and the
+bottleneck is the word ``stats()`` and ``explain()`` give for the same stretch.
 
 The data set: ``ImageFolder(DATA)`` for a folder, ``module:factory`` for a
 callable returning a data set (imported from the current directory too), or
@@ -26,7 +30,8 @@ from typing import Any
 
 import torch
 
-from .._engine.accounting import STAGES, Snapshot
+from .._engine.accounting import STAGES, Accounting, Snapshot, analyse
+from .._engine.advice import dataset_knobs, explain
 from .._engine.loader import AsyncLoader
 from .._engine.resources import available_cores
 from .._engine.progress import window_figures
@@ -160,11 +165,13 @@ def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None
     # figures since ``start``
     state: dict[str, Any] = {"acct": None, "start": None, "done": Snapshot(),
                              "t0": time.perf_counter()}
+    passes: list[Accounting] = []
 
     def on_batch() -> None:
         acct = loader._acct
         assert acct is not None  # a batch arrived: its pass is accounted
         if acct is not state["acct"]:   # a new pass: bank what the last one added
+            passes.append(acct)
             if state["acct"] is not None:
                 state["done"] = state["done"] + (state["acct"].snapshot() - state["start"])
             state.update(acct=acct, start=acct.snapshot())
@@ -177,15 +184,25 @@ def _run_asyncfeed(ds: Any, batch_size: int, seconds: float, threads: int | None
 
     try:
         out = _consume(_epochs(lambda: loader), seconds, step, on_batch)
-        st = loader.stats()
+        report = loader.stats().execution
     finally:
         loader.close()
+    # closed: each snapshot is its pass's final one (summed from the first, not from an
+    # empty Snapshot, which would drop the run-queue delay the GIL share needs)
+    whole = passes[0].snapshot() if passes else Snapshot()
+    for acct in passes[1:]:
+        whole = whole + acct.snapshot()
+    reading = analyse(whole, available_cores())
+    advice = (explain(whole, reading, dataset_knobs(ds)) if reading.bottleneck else
+              "No batch has been delivered yet: there is nothing to explain.")
     return {**out, "loader": "AsyncLoader", "threads": loader.num_threads,
-            "execution": str(st.execution),
+            "execution": str(report) if report is not None else "",
+            # the loop's wait as the verdict read it (each pass's first batch left out)
+            "wait_share": reading.wait_share,
             "stages": {k: {"count": v.count, "wall_s": v.wall_s, "cpu_s": v.cpu_s}
-                       for k, v in st.stages.items()},
-            "gil_share": st.gil_share, "bottleneck": st.bottleneck, "advice": st.explain(),
-            "timeline": timeline}
+                       for k, v in whole.stages.items()},
+            "gil_share": reading.gil_share, "bottleneck": reading.bottleneck,
+            "advice": advice, "timeline": timeline}
 
 
 def _run_dataloader(ds: Any, batch_size: int, seconds: float, workers: int,

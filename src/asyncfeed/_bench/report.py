@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from . import contenders
@@ -50,101 +51,143 @@ def _ds_tag(row: dict) -> str:
     return {"folder": "folder", "ram": "in-RAM", "gil": "folder+py"}.get(row["dataset"], "")
 
 
-#: printed under a ``--quick`` run's header: its ratios are not a comparison
+#: printed last by a ``--quick`` run: its ratios are not a comparison
 QUICK_NOTICE = ("--quick: a smoke run (few samples, small batches, one round): each "
                 "loader's start-up (forks, imports, the first pass's measuring) is most of "
                 "every epoch, so its ratios say nothing about speed; run without --quick to "
                 "compare loaders.")
 
 
-def render(results: dict) -> str:
-    """The human-readable report (what the terminal shows at the end)."""
-    m, s, summ = results["machine"], results["settings"], results["summary"]
-    parts = []
-    gpu = m.get("gpu") or "no GPU"
-    parts.append(
-        f"asyncfeed bench: {m.get('cores_usable')} cores ({m.get('cpu_model', '?')}), "
-        f"{m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']}, torch {m['torch']}, {gpu}")
-    data = results.get("data", {})
-    kb = data.get("mean_bytes", 0) / 1e3
-    desc = (f"synthetic set: {data.get('n_images')} JPEGs, mean {kb:.0f} KB, mean "
-            f"{data.get('mean_width', 0):.0f}x{data.get('mean_height', 0):.0f}"
-            if s["synthetic"] else
-            f"data: {s['root']} ({data.get('files_used')} of its {data.get('files_in_tree')} "
-            "files, picked at random)")
-    other = min(s["repeats"], s["repeats_other"])
-    plural = "s" if s["repeats"] != 1 else ""
-    rounds = (f"{s['repeats']} round{plural}" if other == s["repeats"] else
-              f"{s['repeats']} rounds for (a) and (b), {other} for the rest")
-    parts.append(f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {rounds} "
-                 f"(interleaved), figures are medians; {desc}")
-    if s.get("quick"):
-        parts.append(QUICK_NOTICE)
-    parts.append("* = the loader's defaults (no tuning).  samples/s: the whole epoch, from "
-                 "building the loader to the last batch; CPU: every process of the run.")
-    parts.append(f"~ = every run of that row was disturbed by other load (> "
-                 f"{s.get('busy_threshold', 0.15):.0%} of the machine); disturbed runs are re-run "
-                 "once and left out of the medians when a clean run exists.")
+@dataclass(frozen=True)
+class Section:
+    """One table of the report: a workload (or the headline), the same for the terminal
+    and for ``docs/benchmarks.md``.  ``lead`` is the line under the table saying who led
+    and by how much (None where a table has no contest, e.g. the headline)."""
+
+    key: str
+    title: str
+    notes: tuple[str, ...]
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    lead: str | None = None
+
+
+#: per workload: (data set of the contest, figure, higher is better, unit)
+_CONTEST: dict[str, tuple[str | None, str, bool, str]] = {
+    "a": ("folder", "rate", True, "/s"), "b": ("ram", "rate", True, "/s"),
+    "c": ("gil", "rate", True, "/s"), "e": ("remote", "rate", True, "/s"),
+    "f": ("cifar", "rate", True, "/s"), "g": ("pil", "rate", True, "/s"),
+    "overhead": ("noop", "rate", True, "/s"), "ceiling": ("sleep", "rate", True, "/s"),
+    "step": ("folder", "wait_fraction", False, " waiting"),
+    "d": ("folder", "ttfb_s", False, " s"),
+}
+
+
+def _project(family: str) -> str:
+    return "asyncfeed" if family in contenders.ASYNCFEED_FAMILIES else family
+
+
+def _figure(v: float, unit: str) -> str:
+    if unit == "/s":
+        return f"{v:,.0f}/s"
+    if unit == " waiting":
+        return f"{v:.0%} waiting"
+    return f"{v:.3f} s"
+
+
+def lead_line(workload: str, rows: list[dict], *, quick: bool) -> str | None:
+    """Who led ``workload`` and by how much over the best row of another loader (the
+    limit, a reference with no loader, takes no part); and whether it was a smoke run."""
+    if workload not in _CONTEST:
+        return None
+    dataset, fig, higher, unit = _CONTEST[workload]
+    cands = [r for r in rows if r.get("family") != "limit" and r.get(fig) is not None
+             and (dataset is None or r.get("dataset") == dataset)
+             and (fig != "rate" or r[fig] > 0)]
+    if not cands:
+        return None
+    cands.sort(key=lambda r: r[fig], reverse=higher)
+    top = cands[0]
+    other = next((r for r in cands if _project(r["family"]) != _project(top["family"])), None)
+    line = f"led: {top['label']} ({_figure(top[fig], unit)})"
+    if other is None:
+        line += ", no other loader measured"
+    elif fig == "wait_fraction":
+        line += f", against the best other loader, {other['label']} " \
+                f"({_figure(other[fig], unit)})"
+    elif other[fig] > 0 and top[fig] > 0:
+        what = "the rate" if fig == "rate" else "the time"
+        line += f", {top[fig] / other[fig]:.2f}x {what} of the best other loader, " \
+                f"{other['label']} ({_figure(other[fig], unit)})"
+    return line + ("; a smoke run (--quick): not a comparison" if quick else
+                   "; a full run")
+
+
+def sections(results: dict) -> list[Section]:
+    """Every table of the report, in order: the headline, then each workload measured."""
+    s, summ = results["settings"], results["summary"]
+    quick = bool(s.get("quick"))
+    out: list[Section] = []
+
+    def add(key: str, title: str, headers: list[str], rows: list[list[str]],
+            notes: tuple[str, ...] = ()) -> None:
+        out.append(Section(key, title, notes, tuple(headers), tuple(tuple(r) for r in rows),
+                           lead_line(key, summ.get(key, []), quick=quick)))
 
     head = results.get("headline") or []
     if head:
-        rows = [[h["workload"], h["asyncfeed"], _fmt(h.get("rate"), ",.0f"), h.get("versus") or "-",
-                 _fmt(h.get("versus_rate"), ",.0f"), _fmt(h.get("ratio"), "x")] for h in head]
-        parts.append("\nheadline: AsyncLoader at its defaults against the best DataLoader "
-                     "setting of the same run (ceiling: best thread count against "
-                     "torchdata.nodes' best)")
-        parts.append(table(["workload", "asyncfeed", "samples/s", "best other", "samples/s",
-                            "ratio"], rows))
+        out.append(Section(
+            "headline", "headline: AsyncLoader at its defaults against the best DataLoader "
+            "setting of the same run (ceiling: best thread count against torchdata.nodes' "
+            "best)", (),
+            ("workload", "asyncfeed", "samples/s", "best other", "samples/s", "ratio"),
+            tuple((h["workload"], h["asyncfeed"], _fmt(h.get("rate"), ",.0f"),
+                   h.get("versus") or "-", _fmt(h.get("versus_rate"), ",.0f"),
+                   _fmt(h.get("ratio"), "x")) for h in head)))
     if "a" in summ:
-        rows = []
-        for r in summ["a"]:
-            rows.append([_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
-                         _fmt(r.get("cpu_per_sample_ms"), ".2f"), _fmt(r.get("cpu_vs_w2"), ".2f"),
-                         _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("ttfb_s"), ".3f")])
-        parts.append(f"\n(a) {WORKLOADS['a']}: {s['samples']} samples per run")
-        parts.append(table(["contender", "samples/s", "x limit", "CPU ms/sample",
-                            "x w=2 CPU", "peak PSS MB", "1st batch s"], rows))
-        for t in results.get("twins") or []:
-            parts.append(
-                f"{t['label']} and {t['twin']} are the same configuration; over both rows' "
-                f"{t['runs_in_median']} runs: {_fmt(t.get('rate'), ',.0f')}/s "
-                f"({_fmt(t.get('vs_limit'), '.2f')} of the limit), "
-                f"{_fmt(t.get('cpu_per_sample_ms'), '.2f')} ms CPU/sample "
-                f"({_fmt(t.get('cpu_vs_w2'), '.2f')}x w=2), peak PSS "
-                f"{_fmt(t.get('peak_pss_bytes'), 'mb')} MB")
+        rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
+                 _fmt(r.get("cpu_per_sample_ms"), ".2f"), _fmt(r.get("cpu_vs_w2"), ".2f"),
+                 _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("ttfb_s"), ".3f")]
+                for r in summ["a"]]
+        twins = tuple(
+            f"{t['label']} and {t['twin']} are the same configuration; over both rows' "
+            f"{t['runs_in_median']} runs: {_fmt(t.get('rate'), ',.0f')}/s "
+            f"({_fmt(t.get('vs_limit'), '.2f')} of the limit), "
+            f"{_fmt(t.get('cpu_per_sample_ms'), '.2f')} ms CPU/sample "
+            f"({_fmt(t.get('cpu_vs_w2'), '.2f')}x w=2), peak PSS "
+            f"{_fmt(t.get('peak_pss_bytes'), 'mb')} MB" for t in results.get("twins") or [])
+        add("a", f"(a) {WORKLOADS['a']}: {s['samples']} samples per run",
+            ["contender", "samples/s", "x limit", "CPU ms/sample", "x w=2 CPU",
+             "peak PSS MB", "1st batch s"], rows, twins)
     if summ.get("step"):
         step_ms = (results.get("step_s") or 0) * 1e3
         roles = {"best": "its best in (a)", "reference": "w = cores", "default": "defaults"}
         rows = [[_name(r), roles.get(r.get("role"), r.get("role") or ""),
                  _fmt(r.get("wait_fraction"), "pct"), _fmt(r.get("rate"), ",.0f")]
                 for r in summ["step"]]
-        parts.append(f"\n(a) + a simulated training step of {step_ms:.1f} ms per batch (a model "
-                     f"that consumes {s['step_load']:.0%} of the limit's rate)")
-        parts.append(table(["contender", "setting", "time waiting for data", "samples/s"], rows))
+        add("step", f"(a) + a simulated training step of {step_ms:.1f} ms per batch (a model "
+            f"that consumes {s['step_load']:.0%} of the limit's rate)",
+            ["contender", "setting", "time waiting for data", "samples/s"], rows)
     if "b" in summ:
         rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
                  _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("memory_vs_w0"), ".2f"),
-                 _fmt(r.get("peak_rss_sum_bytes"), "mb")]
-                for r in summ["b"]]
-        parts.append(f"\n(b) {WORKLOADS['b']}: {s['samples_ram']} samples, "
-                     f"{s['ram_mb']:.0f} MB of Python objects + the JPEG bytes")
-        parts.append(table(["contender", "samples/s", "x limit", "peak PSS MB", "x w=0 mem",
-                            "RSS sum MB"], rows))
+                 _fmt(r.get("peak_rss_sum_bytes"), "mb")] for r in summ["b"]]
+        add("b", f"(b) {WORKLOADS['b']}: {s['samples_ram']} samples, {s['ram_mb']:.0f} MB "
+            "of Python objects + the JPEG bytes",
+            ["contender", "samples/s", "x limit", "peak PSS MB", "x w=0 mem", "RSS sum MB"],
+            rows)
     if "c" in summ:
         rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
                  _fmt(r.get("cpu_per_sample_ms"), ".2f")] for r in summ["c"]]
-        parts.append(f"\n(c) {WORKLOADS['c']}: {s['samples_gil']} samples per run")
-        parts.append(table(["contender", "samples/s", "x limit", "CPU ms/sample"], rows))
+        add("c", f"(c) {WORKLOADS['c']}: {s['samples_gil']} samples per run",
+            ["contender", "samples/s", "x limit", "CPU ms/sample"], rows)
     if "d" in summ:
-        rows = [[_name(r),
-                 _ds_tag(r), _fmt(r.get("ttfb_s"), ".3f"), _fmt(r.get("ttfb_vs_fork"), ".2f"),
-                 _fmt(r.get("ttfb_vs_spawn"), ".3f"), _fmt(r.get("close_s"), ".2f")]
-                for r in summ["d"]]
-        parts.append(f"\n(d) {WORKLOADS['d']}: from building the loader to holding batch 1")
-        parts.append(table(["contender", "data", "1st batch s", "x fork", "x spawn",
-                            "close s"], rows))
+        rows = [[_name(r), _ds_tag(r), _fmt(r.get("ttfb_s"), ".3f"),
+                 _fmt(r.get("ttfb_vs_fork"), ".2f"), _fmt(r.get("ttfb_vs_spawn"), ".3f"),
+                 _fmt(r.get("close_s"), ".2f")] for r in summ["d"]]
+        add("d", f"(d) {WORKLOADS['d']}: from building the loader to holding batch 1",
+            ["contender", "data", "1st batch s", "x fork", "x spawn", "close s"], rows)
     if "e" in summ:
-        lat = s.get("latency", 0.02) * 1e3
         where = {"remote": "http", "remote0": "http 0 ms", "s3": "s3", "s30": "s3 0 ms",
                  "mount": "mount", "mount0": "page cache"}
         rows = [[_name(r), where.get(r["dataset"], r["dataset"]),
@@ -156,18 +199,18 @@ def render(results: dict) -> str:
             from .httpserve import TailModel
             model = TailModel(**s["tail"]).describe()
         else:
-            model = f"{lat:.0f} ms per request"
-        parts.append(f"\n(e) {WORKLOADS['e']}: {s.get('samples_remote')} samples per run; "
-                     f"servers: {model}")
+            model = f"{s.get('latency', 0.02) * 1e3:.0f} ms per request"
+        notes: tuple[str, ...] = ()
         if "mount" in s.get("remotes", ()):
             o, r1 = s.get("mount_ms", (2.0, 10.0))
-            parts.append(f"mount: FUSE passthrough, {o:g} ms per open, {r1:g} ms per first read")
-        parts.append("the servers are separate processes (their CPU is not counted); "
-                     "x at 0 ms: against the same contender with a server that answers at "
-                     "once (the mount: the folder in the page cache); extra req: hedged "
-                     "requests per read")
-        parts.append(table(["contender", "storage", "samples/s", "x w=cores", "x best w",
-                            "x at 0 ms", "extra req", "CPU ms/sample"], rows))
+            notes += (f"mount: FUSE passthrough, {o:g} ms per open, {r1:g} ms per first read",)
+        notes += ("the servers are separate processes (their CPU is not counted); x at 0 ms: "
+                  "against the same contender with a server that answers at once (the mount: "
+                  "the folder in the page cache); extra req: hedged requests per read",)
+        add("e", f"(e) {WORKLOADS['e']}: {s.get('samples_remote')} samples per run; "
+            f"servers: {model}",
+            ["contender", "storage", "samples/s", "x w=cores", "x best w", "x at 0 ms",
+             "extra req", "CPU ms/sample"], rows, notes)
     for wl, what in (("f", s.get("samples_cifar")), ("g", s.get("samples_pil"))):
         if wl not in summ:
             continue
@@ -175,16 +218,16 @@ def render(results: dict) -> str:
                  _fmt(r.get("vs_limit"), ".2f"), _fmt(r.get("cpu_per_sample_ms"), ".3f"),
                  _fmt(r.get("peak_pss_bytes"), "mb")] for r in summ[wl]]
         bs = s.get("batch_size_small") if wl == "f" else s["batch_size"]
-        parts.append(f"\n({wl}) {WORKLOADS[wl]}: {what} samples per run, batch {bs}")
-        parts.append(table(["contender", "samples/s", "x best DL", "x limit", "CPU ms/sample",
-                            "peak PSS MB"], rows))
+        add(wl, f"({wl}) {WORKLOADS[wl]}: {what} samples per run, batch {bs}",
+            ["contender", "samples/s", "x best DL", "x limit", "CPU ms/sample", "peak PSS MB"],
+            rows)
     if "overhead" in summ:
         rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_best"), ".2f"),
                  _fmt((r.get("cpu_per_sample_ms") or 0) * 1e3 or None, ".1f")]
                 for r in summ["overhead"]]
-        parts.append(f"\n(overhead) {WORKLOADS['overhead']}: {s.get('samples_noop')} samples, "
-                     f"batch {s.get('batch_size_small')}")
-        parts.append(table(["contender", "samples/s", "x DL w=0", "CPU us/sample"], rows))
+        add("overhead", f"(overhead) {WORKLOADS['overhead']}: {s.get('samples_noop')} samples, "
+            f"batch {s.get('batch_size_small')}",
+            ["contender", "samples/s", "x DL w=0", "CPU us/sample"], rows)
     if "ceiling" in summ:
         by_t: dict[int, dict[str, dict]] = {}
         for r in summ["ceiling"]:
@@ -196,10 +239,60 @@ def render(results: dict) -> str:
             rows.append([str(t), _fmt(ideal, ",.0f"), _fmt(af.get("rate"), ",.0f"),
                          _fmt(af.get("vs_ideal"), ".2f"), _fmt(td.get("rate"), ",.0f"),
                          _fmt(td.get("vs_ideal"), ".2f")])
-        parts.append(f"\n(ceiling) {WORKLOADS['ceiling']}; batch {s['batch_size']}, about "
-                     f"{s.get('ceiling_seconds')} s per run at the ideal rate")
-        parts.append(table(["threads", "ideal T/5ms", "asyncfeed", "x ideal", "torchdata.nodes",
-                            "x ideal"], rows))
+        add("ceiling", f"(ceiling) {WORKLOADS['ceiling']}; batch {s['batch_size']}, about "
+            f"{s.get('ceiling_seconds')} s per run at the ideal rate",
+            ["threads", "ideal T/5ms", "asyncfeed", "x ideal", "torchdata.nodes", "x ideal"],
+            rows)
+    return out
+
+
+def machine_line(results: dict) -> str:
+    """The machine a run measured, in one line."""
+    m = results["machine"]
+    gpu = m.get("gpu") or "no GPU"
+    return (f"{m.get('cores_usable')} cores ({m.get('cpu_model', '?')}), "
+            f"{m['memory_bytes'] / 2**30:.1f} GiB, Python {m['python']}, torch {m['torch']}, "
+            f"{gpu}")
+
+
+def settings_line(results: dict) -> str:
+    """Sizes, rounds and the data set of a run, in one line."""
+    s, data = results["settings"], results.get("data", {})
+    kb = data.get("mean_bytes", 0) / 1e3
+    desc = (f"synthetic set: {data.get('n_images')} JPEGs, mean {kb:.0f} KB, mean "
+            f"{data.get('mean_width', 0):.0f}x{data.get('mean_height', 0):.0f}"
+            if s["synthetic"] else
+            f"data: {s['root']} ({data.get('files_used')} of its {data.get('files_in_tree')} "
+            "files, picked at random)")
+    other = min(s["repeats"], s["repeats_other"])
+    plural = "s" if s["repeats"] != 1 else ""
+    rounds = (f"{s['repeats']} round{plural}" if other == s["repeats"] else
+              f"{s['repeats']} rounds for (a) and (b), {other} for the rest")
+    return (f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {rounds} "
+            f"(interleaved), figures are medians; {desc}")
+
+
+def render(results: dict) -> str:
+    """The human-readable report (what the terminal shows at the end).  A smoke run's
+    :data:`QUICK_NOTICE` is not in it: the command prints it after everything else, where
+    it does not scroll away (each table's last line already says it was a smoke run)."""
+    s, summ = results["settings"], results["summary"]
+    parts = [f"asyncfeed bench: {machine_line(results)}", settings_line(results),
+             "* = the loader's defaults (no tuning).  samples/s: the whole epoch, from "
+             "building the loader to the last batch; CPU: every process of the run.",
+             f"~ = every run of that row was disturbed by other load (> "
+             f"{s.get('busy_threshold', 0.15):.0%} of the machine); disturbed runs are re-run "
+             "once and left out of the medians when a clean run exists."]
+    for sec in sections(results):
+        parts.append("\n" + sec.title)
+        if sec.key == "a":
+            parts.append(table(list(sec.headers), [list(r) for r in sec.rows]))
+            parts.extend(sec.notes)
+        else:
+            parts.extend(sec.notes)
+            parts.append(table(list(sec.headers), [list(r) for r in sec.rows]))
+        if sec.lead:
+            parts.append(sec.lead)
     tuning = results.get("tuning", {})
     for wl, fams in tuning.items():
         bits = []
@@ -234,6 +327,17 @@ def render(results: dict) -> str:
     return "\n".join(parts)
 
 
+def public(obj: Any) -> Any:
+    """``obj`` without the keys that start with ``_``, at every depth: a loader's private
+    fields (its stats' internal reading) are not figures, and the JSON is published."""
+    if isinstance(obj, dict):
+        return {k: public(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, list):
+        return [public(v) for v in obj]
+    return obj
+
+
 def write_json(results: dict, path: str) -> None:
+    """Every figure of a run, as published (:func:`public`)."""
     with open(path, "w") as f:
-        json.dump(results, f, indent=1, default=str)
+        json.dump(public(results), f, indent=1, default=str)

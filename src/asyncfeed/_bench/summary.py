@@ -1,4 +1,4 @@
-"""Medians over a configuration's runs, and the ratios the issues ask about."""
+"""Medians over a configuration's runs, and the ratios the report shows against the references."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _best(rows: list[Config]) -> Config | None:
 
 
 def _relative(workload: str, rows: list[dict]) -> None:
-    """Ratios the issue asks about, against the DataLoader references."""
+    """Each row's ratios against the references (the limit, the DataLoader settings)."""
     def find(**kw: Any) -> dict | None:
         return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
     if workload == "b":

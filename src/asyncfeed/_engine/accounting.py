@@ -314,9 +314,9 @@ class Accounting:
                   for s, name in enumerate(STAGES)}
         resources = self.resources
         gate = self.gate
-        if gate is not None:
-            resources = tuple(replace(r, capacity=gate.limit) if r.name == "threads" else r
-                              for r in resources)
+        if gate is not None:  # a limit of 0: inline, the consumer runs the tasks, one at a time
+            resources = tuple(replace(r, capacity=gate.limit or 1) if r.name == "threads"
+                              else r for r in resources)
         return Snapshot(elapsed_s=elapsed, stages=stages, process_cpu_s=cpu,
                         cpu_threads_run_delay_s=delay, wait_s=self._wait,
                         first_wait_s=self._first_wait, batches=self._batches,

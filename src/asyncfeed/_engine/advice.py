@@ -1,16 +1,71 @@
 """What a verdict means for the user: two or three sentences naming the knob to turn.
 
-``explain(snapshot, analysis)`` is what ``LoaderStats.explain()`` returns; the
-sections it points to are in ``docs/observability.md``.
+``explain(snapshot, analysis, knobs)`` is what ``LoaderStats.explain()`` returns;
+the sections it points to are in ``docs/observability.md``.  The advice names the
+data set's own arguments where it knows them (:class:`DatasetKnobs`): a user of
+``ImageFolder`` is told which of its arguments is left to turn, never to do what
+it already does.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .accounting import Analysis, Snapshot
 
-__all__ = ["explain"]
+__all__ = ["DatasetKnobs", "dataset_knobs", "explain"]
 
 DOCS = "docs/observability.md"
+
+
+@dataclass(frozen=True)
+class DatasetKnobs:
+    """The settings of an ``ImageFolder`` that decide its cost per sample (plain values,
+    so that a stats snapshot never holds the data set itself).
+
+    ``own_decoder``: a ``decoder=`` of the user's replaces the built-in one, whose
+    DCT-scaled decode, resize and ``uint8`` output the advice then cannot assume.
+    """
+
+    size: int | None
+    interpolation: str
+    io: str
+    own_decoder: bool
+
+
+def dataset_knobs(dataset: Any) -> DatasetKnobs | None:
+    """The knobs of ``dataset`` if it is an ``ImageFolder`` (recognised by its class name
+    and attributes: the engine does not import the data sets), else None."""
+    if type(dataset).__name__ != "ImageFolder":
+        return None
+    interpolation = getattr(dataset, "interpolation", None)
+    io = getattr(dataset, "io", None)
+    if not isinstance(interpolation, str) or not isinstance(io, str):
+        return None
+    size = getattr(dataset, "size", None)
+    builtin = type(getattr(dataset, "decoder", None)).__name__ == "ImageDecoder"
+    return DatasetKnobs(size=size if isinstance(size, int) else None,
+                        interpolation=interpolation, io=io, own_decoder=not builtin)
+
+
+def _cheaper(knobs: DatasetKnobs | None) -> str:
+    """How to make each sample cheaper, for the data set at hand."""
+    if knobs is None:
+        return ("make each sample cheaper (DCT-scaled decode, a linear resize, uint8 "
+                "output)")
+    if knobs.own_decoder:
+        return ("make your ImageFolder decoder cheaper (DCT-scaled decode, a linear "
+                "resize, uint8 output, as the built-in one does)")
+    if knobs.size is None:
+        return ("ImageFolder(size=None) decodes every image at full size: a size= lets it "
+                "decode DCT-scaled (fewer pixels) and resize")
+    if knobs.interpolation == "area":
+        return ("ImageFolder already decodes DCT-scaled to uint8; the knob left is "
+                "ImageFolder(..., interpolation=\"linear\"), a cheaper resize (not "
+                "antialiased)")
+    return (f"ImageFolder already decodes DCT-scaled with a linear resize to uint8; what "
+            f"is left is fewer pixels (a smaller size than {knobs.size}) or more cores")
 
 
 def _capacity(s: Snapshot, name: str) -> float:
@@ -25,8 +80,11 @@ def _per_item_ms(s: Snapshot, stage: str) -> float:
     return 1000.0 * st.wall_s / st.count if st is not None and st.count else 0.0
 
 
-def explain(s: Snapshot, a: Analysis) -> str:
-    """Plain sentences on ``a.bottleneck`` with the figures behind it."""
+def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
+            inline: bool = False) -> str:
+    """Plain sentences on ``a.bottleneck`` with the figures behind it; ``knobs``: the
+    data set's own settings, when it is an ``ImageFolder``; ``inline``: the consumer's
+    thread loads the rows (no decode thread runs)."""
     waited = f"the training loop waited for data {a.wait_share:.0%} of the time"
     load = a.loads.get(a.limiting or "", 0.0)
     threads = _capacity(s, "threads")
@@ -51,11 +109,13 @@ def explain(s: Snapshot, a: Analysis) -> str:
                     f"bottleneck: {waited}, and the iterator was busy {load:.0%} of the time, "
                     f"{ms:.2f} ms per item. Make iter_raw() cheaper, or read several shards "
                     f"at once ({DOCS}#fetch).")
+        remedy = ("Pass ImageFolder(..., io=\"async\") so that reads wait on the event "
+                  "loop" if knobs is not None else
+                  "Give the data set an async fetch (docs/extending.md) so that reads wait "
+                  "on the event loop")
         return (f"Blocking reads in the decode threads are the bottleneck: {waited}, "
                 f"and the {threads:g} threads were busy {load:.0%} of the time, {ms:.1f} ms "
-                "per read. Give the data set an async fetch (ImageFolder(io='async')) so "
-                "reads wait on the event loop, or raise num_threads "
-                f"(docs/tuning.md, {DOCS}#fetch).")
+                f"per read. {remedy}, or raise num_threads (docs/tuning.md, {DOCS}#fetch).")
     if v == "decode":
         if a.limiting == "iterator":
             return (f"The iterable's __next__ is the bottleneck: {waited}, and it runs one "
@@ -79,8 +139,15 @@ def explain(s: Snapshot, a: Analysis) -> str:
         elif spare:
             knob = "cores are left: raise num_threads"
         else:
-            knob = ("the cores are busy: make each sample cheaper (DCT-scaled decode, "
-                    "a linear resize, uint8 output)")
+            knob = f"the cores are busy: {_cheaper(knobs)}"
+        if inline:
+            if spare and not queued > 0.3:
+                knob = ("cores are left, but where execution=\"auto\" chose inline it "
+                        "measured decode threads and worker processes no faster: make "
+                        "each sample cheaper")
+            return (f"Decoding is the bottleneck: {waited}, and the training loop's own "
+                    f"thread loads the rows (inline, as num_workers=0) using {used}. "
+                    f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
         who = (f"{_capacity(s, 'processes'):g} worker processes" if a.limiting == "processes"
                else f"{threads:g} decode threads allowed to run")
         return (f"Decoding is the bottleneck: {waited}, and the {who} "
@@ -94,8 +161,8 @@ def explain(s: Snapshot, a: Analysis) -> str:
                 f"and the process used {used}, so more threads will "
                 "not help. Move the heavy loops of the per-sample function into numpy, "
                 "torch or OpenCV calls (they "
-                "release the GIL), or run it in worker processes (execution='processes'; "
-                "the default 'auto' switches once it has measured the GIL held) "
+                "release the GIL), or run it in worker processes (execution=\"processes\"; "
+                "the default \"auto\" measures them against threads and keeps the faster) "
                 f"(docs/tuning.md, {DOCS}#gil).")
     if v == "h2d":
         return (f"The host-to-device copy is the bottleneck: {waited}, and the copy "

@@ -1,10 +1,16 @@
 """The live view of a pass: a tqdm bar and/or a periodic log line.
 
-``AsyncLoader(progress=True)`` shows one bar per pass whose postfix carries the
-samples/s and the bottleneck of the last refresh window; ``log_every=seconds``
-writes one ``logging`` line per interval (logger ``"asyncfeed"``, level INFO)
-with the rate, each stage's share of the stage time and the bottleneck, as
-``key=value`` pairs and as a dict in the record's ``asyncfeed`` attribute.
+``AsyncLoader(progress=True)`` shows one bar per pass.  While the pass runs its
+postfix carries the samples/s and the bottleneck of the last refresh window,
+labelled as such (``bottleneck(last 0.5s)``): a window's verdict may differ from
+the whole pass's.  When the pass ends the postfix shows the whole pass
+(``bottleneck(pass)``), read from the same final snapshot as ``stats()``, so the
+bar's last word is ``stats().bottleneck``.  ``log_every=seconds`` writes one
+``logging`` line per interval (logger ``"asyncfeed"``, level INFO; the logger's
+name already says where it comes from, so the message does not repeat it) with
+the window's length, rate, each stage's share of the stage time and the
+bottleneck, as ``key=value`` pairs and as a dict in the record's ``asyncfeed``
+attribute.
 
 Both are fed by the consumer thread (``tick()`` after each batch handed out);
 there is no thread of their own.  A tick costs a clock read unless a refresh
@@ -20,12 +26,15 @@ from typing import Any
 
 from .accounting import STAGES, Accounting, Snapshot, analyse
 
-__all__ = ["LiveView", "REFRESH_S", "window_figures"]
+__all__ = ["LiveView", "PASS_KEY", "REFRESH_S", "WINDOW_KEY", "window_figures"]
 
 log = logging.getLogger("asyncfeed")
 
 #: the bar's postfix is recomputed at most this often (seconds)
 REFRESH_S = 0.5
+#: the bar's postfix key for the verdict of the last refresh window, and for the pass's
+WINDOW_KEY = f"bottleneck(last {REFRESH_S:g}s)"
+PASS_KEY = "bottleneck(pass)"
 
 
 def window_figures(window: Snapshot, cores: int) -> dict[str, Any]:
@@ -73,7 +82,7 @@ class LiveView:
                 snap = self._acct.snapshot()
                 f = window_figures(snap - self._bar_snap, self._cores)
                 self._bar.set_postfix({"samples/s": f"{f['samples_per_s']:.0f}",
-                                       "bottleneck": f["bottleneck"] or "-"}, refresh=False)
+                                       WINDOW_KEY: f["bottleneck"] or "-"}, refresh=False)
                 self._bar_snap, self._bar_at = snap, now
         if self._log_every is not None and now - self._log_at >= self._log_every:
             snap = self._acct.snapshot()
@@ -83,14 +92,18 @@ class LiveView:
     def _log(self, window: Snapshot) -> None:
         f = window_figures(window, self._cores)
         shares = " ".join(f"{k}={v:.2f}" for k, v in f["shares"].items())
-        log.info("asyncfeed: samples_per_s=%.1f %s gil_share=%.2f wait_share=%.2f "
-                 "bottleneck=%s", f["samples_per_s"], shares, f["gil_share"],
-                 f["wait_share"], f["bottleneck"], extra={"asyncfeed": f})
+        log.info("window_s=%.1f samples_per_s=%.1f %s gil_share=%.2f wait_share=%.2f "
+                 "bottleneck=%s", window.elapsed_s, f["samples_per_s"], shares,
+                 f["gil_share"], f["wait_share"], f["bottleneck"], extra={"asyncfeed": f})
 
     def close(self) -> None:
-        """End the bar (the pass ended or was stopped)."""
+        """End the bar (the pass ended or was stopped), its postfix now the whole pass's
+        rate and bottleneck: the figures ``stats()`` reports for it."""
         if self._closed:
             return
         self._closed = True
         if self._bar is not None:
+            whole = window_figures(self._acct.snapshot(), self._cores)
+            self._bar.set_postfix({"samples/s": f"{whole['samples_per_s']:.0f}",
+                                   PASS_KEY: whole["bottleneck"] or "-"}, refresh=False)
             self._bar.close()

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
-from .policy import ExecutionReport
+from .advice import DatasetKnobs, dataset_knobs, explain
+from .policy import ExecutionReport, Mode
 
 log = logging.getLogger("asyncfeed")
 
@@ -92,13 +93,13 @@ class LoaderStats:
     slow library call) counts as GIL, rightly, but is not Python; on a machine
     whose cores other processes keep busy, GIL-free work reads somewhat high
     (preempted GIL holders) and GIL-bound work low (threads woken for the GIL
-    wait for a core) (seen with load
-    averages of 7-16 on 2 cores: 0.01-0.07 for GIL-free work, 0.18-0.86 for
-    pure Python).
+    wait for a core).
 
     ``bottleneck`` is one of ``"consumer"`` (the loader is ahead: the training
     step is the bottleneck), ``"fetch"``, ``"decode"``, ``"gil"`` or ``"h2d"``
-    (None until a batch was delivered); :meth:`explain` says what to do about it.
+    (None until a batch was delivered), over the whole pass so far: the same
+    reading as :meth:`explain`, which says what to do about it, and as the
+    progress bar's last word for the pass (its running postfix is a window's).
     """
 
     epoch: int = 0
@@ -115,23 +116,27 @@ class LoaderStats:
     bottleneck: str | None = None
     _reading: tuple[Snapshot, Analysis] | None = field(default=None, repr=False,
                                                         compare=False)
+    _knobs: DatasetKnobs | None = field(default=None, repr=False, compare=False)
 
     def explain(self) -> str:
-        """Two or three sentences on the bottleneck: what it means and which knob to turn."""
-        from .advice import explain
+        """Two or three sentences on the bottleneck: what it means and which knob to turn
+        (the data set's own argument where it is an ``ImageFolder``)."""
         if self._reading is None:
             return "No batch has been delivered yet: there is nothing to explain."
-        return explain(*self._reading)
+        inline = self.execution is not None and self.execution.mode is Mode.INLINE
+        return explain(*self._reading, self._knobs, inline=inline)
 
 
-def observe(acct: Accounting | None, cores: int) -> dict[str, Any]:
-    """The observability fields of :class:`LoaderStats` for a pass's accounting."""
+def observe(acct: Accounting | None, cores: int, dataset: Any = None) -> dict[str, Any]:
+    """The observability fields of :class:`LoaderStats` for a pass's accounting
+    (``dataset``: the loader's, whose own knobs the advice then names)."""
     if acct is None:
         return {}
     snap = acct.snapshot()
     a = analyse(snap, cores)
     return {"stages": dict(snap.stages), "gil_share": a.gil_share,
-            "bottleneck": a.bottleneck, "_reading": (snap, a) if a.bottleneck else None}
+            "bottleneck": a.bottleneck, "_reading": (snap, a) if a.bottleneck else None,
+            "_knobs": dataset_knobs(dataset)}
 
 
 class RateLimitedLog:
