@@ -55,8 +55,9 @@ class AsyncLoader(Generic[T_co]):
 
     With the same arguments (and the same ``generator``) it yields exactly the
     batches ``DataLoader(num_workers=0)`` yields: same order, same structure,
-    bit-identical tensors.  Samples are loaded by ``num_threads`` decode threads;
-    a dataset that defines ``async fetch(index)`` and ``decode(raw, index)`` has
+    bit-identical tensors.  Samples are loaded where the execution chooses
+    (``execution``, below: the consumer's thread, decode threads or worker
+    processes); a dataset that defines ``async fetch(index)`` and ``decode(raw, index)`` has
     its reads run on an event loop, ``io_concurrency`` at a time.  Fixed-shape
     samples are written straight into their row of a preallocated batch.
 
@@ -114,8 +115,10 @@ class AsyncLoader(Generic[T_co]):
       ``torch.distributed`` when initialised, else the ``RANK``/``WORLD_SIZE``
       environment, else the whole data set).  Each rank gets exactly the samples
       ``DistributedSampler(seed=seed or 0, drop_last=drop_last)`` gives it.
-    - ``progress``: a tqdm bar per pass with samples/s and the bottleneck (needs
-      ``tqdm``: ``pip install 'asyncfeed[progress]'``); ``log_every``: seconds
+    - ``progress``: a tqdm bar per pass with samples/s and the bottleneck of the
+      last window (labelled so), ending on the whole pass's, the word
+      ``stats()`` gives (needs ``tqdm``: ``pip install 'asyncfeed[progress]'``);
+      ``log_every``: seconds
       between ``logging`` lines (logger ``"asyncfeed"``, INFO) with the rate,
       stage shares and bottleneck.  Both off by default (``docs/observability.md``).
 
@@ -349,7 +352,8 @@ class AsyncLoader(Generic[T_co]):
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
                            path=s.path, skipped=list(s.skipped),
                            execution=self._execution_report(),
-                           io=self._io_stats(), **observe(self._acct, available_cores()))
+                           io=self._io_stats(),
+                           **observe(self._acct, available_cores(), self.dataset))
 
     def _execution_report(self) -> ExecutionReport:
         report = self._chooser.report()
@@ -659,7 +663,7 @@ class AsyncLoader(Generic[T_co]):
             entry = SkippedSample(index=idx, source=source, error=describe(cause),
                                   epoch=self._epoch, batch=b.k)
             self._stats.skipped.append(entry)
-            self._skip_log.warning(f"asyncfeed: skipped {_first_line(err)}")
+            self._skip_log.warning(f"skipped {_first_line(err)}")
             del err, cause
         # drop the exceptions (keep which rows failed): an exception's traceback holds
         # the frames that held ``b``, a cycle that would keep the batch's buffers from
