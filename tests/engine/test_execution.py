@@ -448,3 +448,20 @@ def test_rows_the_stage_cannot_take_mid_batch_run_in_threads(monkeypatch):
         got = list(al)
     assert calls["refused"] > 0
     assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+
+
+def test_num_workers_sets_the_process_candidates_workers_and_stats_say_so():
+    """DataLoader's ``num_workers`` is the process candidate's worker count (0: the
+    cores); ``stats().execution`` reports the count that ran."""
+    import os
+    with AsyncLoader(TupleFixed(48), batch_size=8, num_workers=3) as al:
+        assert al._chooser.space is not None
+        assert al._chooser.space.process == processes_n(3)
+    with AsyncLoader(TupleFixed(48), batch_size=8) as al:
+        assert al._chooser.space.process == processes_n(len(os.sched_getaffinity(0)))
+    with AsyncLoader(TupleFixed(48), batch_size=8, num_workers=3,
+                     execution="processes") as al:
+        list(al)
+        ex = al.stats().execution
+    assert (ex.mode, ex.count, ex.reason) == (Mode.PROCESSES, 3, Reason.FIXED), str(ex)
+    assert str(ex) == "processes: 3 worker processes (chosen by the loader's arguments)"
