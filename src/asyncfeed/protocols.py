@@ -26,6 +26,9 @@ Datasets (``AsyncLoader(dataset)``), on top of ``__getitem__``/``__len__`` or
   event loop (HTTP sessions) when a pass ends.
 - :class:`RankAware`: ``set_rank(rank, world_size)`` is called before each pass of
   an iterable dataset that shards itself.
+- :class:`EpochAware`: ``set_epoch(epoch)`` is called by ``AsyncLoader.set_epoch``
+  (map-style and iterable datasets alike); a map-style dataset that also has an
+  ``epoch`` attribute has it sent to the loader's worker processes with their work.
 - :class:`Stateful`: ``state_dict()``/``load_state_dict(state)`` on a dataset, a
   sampler or batch sampler, or the iterator an iterable dataset returns: saved in
   and restored from the loader's own state, as torchdata's StatefulDataLoader does.
@@ -66,6 +69,7 @@ __all__ = [
     "Decoder",
     "DecoderInto",
     "DeviceTransfer",
+    "EpochAware",
     "NamedSamples",
     "RankAware",
     "ReadDecodeDataset",
@@ -163,6 +167,25 @@ class RankAware(Protocol):
     passes its ``rank``/``world_size`` before each pass)."""
 
     def set_rank(self, rank: int, world_size: int) -> None:
+        ...
+
+
+@runtime_checkable
+class EpochAware(Protocol):
+    """A dataset whose samples depend on the epoch (random augmentation drawn per
+    epoch, a shard order).
+
+    ``AsyncLoader.set_epoch(e)`` calls ``set_epoch(e)`` at once; call it between
+    passes.  Worker processes hold a copy of a map-style dataset: each task they
+    get carries the loader's dataset's ``epoch``, and a worker whose copy reads
+    another one calls ``set_epoch`` on it first, so every execution draws the same
+    samples.  A dataset with ``set_epoch`` but no ``epoch`` attribute is told in
+    the loader's process only.
+    """
+
+    epoch: int
+
+    def set_epoch(self, epoch: int) -> None:
         ...
 
 

@@ -4,6 +4,7 @@ decoded by any :class:`~asyncfeed.protocols.Decoder` (fixed-size uint8 tensors b
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Literal
 
 import numpy as np
@@ -13,12 +14,16 @@ from .._errors import SampleError
 from .._io.hedge import CountsReads, ReadStats
 from .._io.local import SLOW_READ_S, LocalSource
 from ..protocols import Decoder, DecoderInto, Source
+from .augment import RandomResizedCrop, RandomResizedCropDecoder
 from .decoder import ImageDecoder
 from .image import Interpolation, MaxPixels, check_interpolation, check_size, pixel_limit
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 IOMode = Literal["auto", "thread", "async"]
+
+#: class folder names that are the names of a data set's splits, not of classes
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
 
 
 def _is_url(root: str) -> bool:
@@ -60,6 +65,23 @@ class ImageFolder:
     refuses, more than twice ``PIL.Image.MAX_IMAGE_PIXELS``; None: no limit); it
     configures the default decoder too.
 
+    ``train=True`` yields training samples: torchvision's ``RandomResizedCrop`` to
+    ``size`` and a horizontal flip, fused into decoding (the window is drawn from
+    the JPEG header, the image decoded at 1/2, 1/4 or 1/8 scale where the window
+    allows, cropped, resized, flipped and written in place; see
+    ``docs/augmentation.md``).  ``scale``, ``ratio`` and ``hflip`` override
+    torchvision's defaults (``(0.08, 1.0)``, ``(3/4, 4/3)``, ``0.5``).  Each sample's
+    window and flip come from ``(seed, epoch, index)``: the same for any thread
+    count, execution and resume point.  ``seed=None`` takes ``torch.initial_seed()``
+    when the dataset is made (so ``torch.manual_seed`` fixes it); ``set_epoch`` (which
+    ``AsyncLoader.set_epoch`` calls) selects the epoch.  Normalize the uint8
+    batches on the device with :func:`asyncfeed.normalize`.
+
+    Class folders named like splits (``train``, ``val``, ``test``...) warn: the
+    root is probably one level too high.  A class folder with no image raises
+    ``FileNotFoundError``, as torchvision's does; ``allow_empty=True`` keeps such
+    classes (their labels stay reserved) with a warning naming them.
+
     Errors are raised as :class:`asyncfeed.SampleError` naming the index and path.
     """
 
@@ -67,24 +89,46 @@ class ImageFolder:
                  extensions: tuple[str, ...] = IMG_EXTENSIONS,
                  interpolation: Interpolation = "area", io: IOMode = "auto",
                  source: Source | None = None, decoder: Decoder | None = None,
-                 max_pixels: MaxPixels = "pillow", **source_options: Any) -> None:
+                 max_pixels: MaxPixels = "pillow", train: bool = False,
+                 scale: tuple[float, float] | None = None,
+                 ratio: tuple[float, float] | None = None, hflip: float | None = None,
+                 seed: int | None = None, allow_empty: bool = False,
+                 **source_options: Any) -> None:
         check_size(size)
         check_interpolation(interpolation)
         if io not in ("auto", "thread", "async"):
             raise ValueError(f"io must be 'auto', 'thread' or 'async', got {io!r}")
         self.root = os.fspath(root)
         pixel_limit(max_pixels)  # ValueError now for a bad value
-        if decoder is None:
+        self.train = bool(train)
+        self._augment: RandomResizedCropDecoder | None = None
+        self._epoch = 0
+        if not train and (scale, ratio, hflip, seed) != (None, None, None, None):
+            raise TypeError("scale, ratio, hflip and seed configure the training "
+                            "augmentation: pass them with train=True")
+        if train:
+            if decoder is not None:
+                raise TypeError("train=True configures the default decoder; with decoder=, "
+                                "do the augmentation in your decoder")
+            if size is None:
+                raise ValueError("train=True needs a size (the crops are resized to it)")
+            given = {k: v for k, v in (("scale", scale), ("ratio", ratio), ("hflip", hflip))
+                     if v is not None}
+            crop = RandomResizedCrop(**given)  # type: ignore[arg-type]
+            self._augment = decoder = RandomResizedCropDecoder(
+                size, crop, interpolation=interpolation, max_pixels=max_pixels, seed=seed)
+        elif decoder is None:
             decoder = ImageDecoder(size, interpolation, max_pixels=max_pixels)
         elif size != 224 or interpolation != "area" or max_pixels != "pillow":
             raise TypeError("size, interpolation and max_pixels configure the default "
                             "decoder; with decoder=, give them to your decoder")
         elif not callable(decoder):
             raise TypeError(f"decoder must be callable (a Decoder), got {decoder!r}")
-        self.decoder = decoder
+        self.decoder: Any = decoder
         self._decode_into = decoder.decode_into if isinstance(decoder, DecoderInto) else None
         # the default decoder's settings (None with a decoder of your own)
-        self.size = decoder.size if isinstance(decoder, ImageDecoder) else None
+        self.size = decoder.size if isinstance(decoder, (ImageDecoder,
+                                                         RandomResizedCropDecoder)) else None
         self.interpolation: Interpolation = interpolation
         self.extensions = tuple(e.lower() for e in extensions)
         if source is None:
@@ -102,6 +146,12 @@ class ImageFolder:
         self.classes: list[str] = source.list_dirs()
         if not self.classes:
             raise FileNotFoundError(f"no class folders found in {self.root}")
+        splits = [c for c in self.classes if c.lower() in SPLIT_NAMES]
+        if splits:
+            warnings.warn(
+                f"ImageFolder({self.root!r}): the class folders {', '.join(splits)} look like "
+                f"the splits of a data set, not classes; point root at one split "
+                f"(e.g. {os.path.join(self.root, splits[0])!r})", UserWarning, stacklevel=2)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         samples: list[tuple[str, int]] = []
         empty: list[str] = []
@@ -110,10 +160,18 @@ class ImageFolder:
             if not found:
                 empty.append(cls)
             samples.extend((p, self.class_to_idx[cls]) for p in found)
-        if empty:
+        if empty and not allow_empty:
             raise FileNotFoundError(
                 f"found no valid file for the classes {', '.join(empty)} in {self.root}; "
-                f"supported extensions are: {', '.join(self.extensions)}")
+                f"supported extensions are: {', '.join(self.extensions)} "
+                f"(allow_empty=True keeps empty classes)")
+        if empty:
+            warnings.warn(
+                f"ImageFolder({self.root!r}): the class folders {', '.join(empty)} hold no "
+                f"image (extensions {', '.join(self.extensions)}); their labels are kept "
+                f"with no sample", UserWarning, stacklevel=2)
+        if not samples:
+            raise FileNotFoundError(f"no image found under {self.root}")
         self.samples = samples
         self.targets = [t for _, t in samples]
         if io == "auto" and isinstance(source, LocalSource):
@@ -142,15 +200,45 @@ class ImageFolder:
         path, label = self.samples[index]
         try:
             raw = self._source.read_sync(path)
-            img = self._image(self.decoder(raw))
+            img = self._decoded(raw, index)
         except Exception as e:
             raise SampleError(index, path, e) from e
         return img, label
+
+    def _decoded(self, raw: bytes, index: int) -> Any:
+        """Sample ``index``'s image from its bytes (a tensor where the decoder gives an array)."""
+        if self._augment is not None:
+            return torch.from_numpy(self._augment.decode(raw, index))
+        return self._image(self.decoder(raw))
 
     @staticmethod
     def _image(img: Any) -> Any:
         """A decoder's NumPy array as a tensor (anything else as it is)."""
         return torch.from_numpy(img) if isinstance(img, np.ndarray) else img
+
+    # -- training augmentation -----------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch whose windows ``train=True`` draws (0 until ``set_epoch``)."""
+        return self._augment.epoch if self._augment is not None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s windows and flips from now on (``train=True``; without
+        it the epoch changes nothing).  ``AsyncLoader.set_epoch`` calls this, and
+        sends the epoch to its worker processes; call it between passes.  With
+        torch's DataLoader, call it before each epoch's ``iter()`` (workers made with
+        ``persistent_workers=True`` keep the epoch they were started with)."""
+        if self._augment is not None:
+            self._augment.set_epoch(epoch)
+            return
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._epoch = epoch
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of the training windows (None without ``train=True``)."""
+        return self._augment.seed if self._augment is not None else None
 
     # -- the split path (AsyncLoader) ----------------------------------------------
     @property
@@ -177,7 +265,7 @@ class ImageFolder:
     def decode(self, raw: bytes, index: int) -> tuple[torch.Tensor, int]:
         """Decode what ``fetch`` returned into the sample ``__getitem__`` would give."""
         try:
-            img = self._image(self.decoder(raw))
+            img = self._decoded(raw, index)
         except Exception as e:
             raise SampleError(index, self.samples[index][0], e) from e
         return img, self.samples[index][1]
@@ -189,6 +277,16 @@ class ImageFolder:
         the pixels are already in place; when the decoder cannot write into
         ``out`` (another shape, or no ``decode_into``), the sample ``decode`` gives.
         """
+        aug = self._augment
+        if aug is not None:
+            if tuple(out.shape) != (3, aug.size, aug.size) or out.dtype != torch.uint8 \
+                    or out.device.type != "cpu":
+                return self.decode(raw, index)
+            try:
+                aug.decode(raw, index, out.numpy())
+            except Exception as e:
+                raise SampleError(index, self.samples[index][0], e) from e
+            return out, self.samples[index][1]
         if self._decode_into is None:
             return self.decode(raw, index)
         try:

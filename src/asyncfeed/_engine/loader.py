@@ -319,13 +319,15 @@ class AsyncLoader(Generic[T_co]):
         """Select the epoch: with ``seed``, epoch ``e`` shuffles with ``seed + e``.
 
         Also forwarded to a sampler or batch sampler that has ``set_epoch`` (e.g.
-        ``DistributedSampler``), and to an iterable dataset that has one (e.g.
-        ``WebDatasetShards``, whose shard order then changes per epoch).  Takes effect at the next ``iter()``.
+        ``DistributedSampler``), and to a dataset that has one
+        (:class:`~asyncfeed.protocols.EpochAware`: ``WebDatasetShards``, whose shard
+        order then changes per epoch; ``ImageFolder(train=True)``, whose crops do).
+        Takes effect at the next ``iter()``.
         """
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._epoch = epoch
-        for s in (self.dataset if self._iterable else None,
+        for s in (self.dataset,
                   self._plan.user_sampler, self._plan.user_batch_sampler,
                   getattr(self._plan.user_batch_sampler, "sampler", None)):
             if s is not None and callable(getattr(s, "set_epoch", None)):

@@ -64,6 +64,7 @@ import torch
 
 from .._errors import AsyncFeedError, WorkerCrashedError
 from .._memory.hostpool import buffers_over
+from ..protocols import EpochAware
 from .accounting import DECODE
 from .layout import _PY_SCALARS, Layout, LayoutMismatch
 from .exithooks import OpenSet
@@ -418,9 +419,10 @@ def dumps_results(msg: Any) -> memoryview:
 
 def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
                  base_seed: int, tasks: Any, results: Any, owner: int) -> None:
-    """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows)`` in, one
-    ``(task_id, worker_id, out, seconds the rows took)`` back per task; ``None``
-    ends it.
+    """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows, forget,
+    epoch)`` in, one ``(task_id, worker_id, out, seconds the rows took)`` back per
+    task; ``None`` ends it.  ``epoch``: an EpochAware dataset's epoch in the
+    loader's process (None otherwise), applied to this copy before its rows.
 
     ``results`` is this worker's own pipe, written synchronously: a worker that dies
     (``os._exit``, a segfault, the OOM killer) between tasks leaves no half-written
@@ -457,7 +459,9 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
             continue
         if task is None:
             break
-        task_id, rows, indices, path, layout, n_rows, forget = task
+        task_id, rows, indices, path, layout, n_rows, forget, epoch = task
+        if epoch is not None and getattr(dataset, "epoch", epoch) != epoch:
+            dataset.set_epoch(epoch)  # the loader's dataset moved on (EpochAware)
         for f in forget:
             r = mapped.pop(f, None)
             if r is not None:
@@ -547,6 +551,8 @@ class ProcessStage:
         self._dead: set[int] = set()
         self._last_layout: Layout | None = None
         self.row_s: float | None = None  # what a row takes in a worker (a running mean)
+        # an EpochAware dataset's epoch travels with every task (see _worker_main)
+        self._epoch_aware = isinstance(dataset, EpochAware)
 
     @property
     def usable(self) -> bool:
@@ -666,7 +672,8 @@ class ProcessStage:
 
     def _send(self, wid: int, tid: int, task: tuple[Any, ...], forget: list[str]) -> bool:
         try:
-            self._queues[wid].put((tid, *task, forget))
+            epoch = self.dataset.epoch if self._epoch_aware else None
+            self._queues[wid].put((tid, *task, forget, epoch))
         except (ValueError, OSError):  # the queue was closed under us
             return False
         return True
