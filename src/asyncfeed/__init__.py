@@ -15,6 +15,7 @@ from . import protocols  # noqa: F401 - asyncfeed.protocols, the extension contr
 from ._data.decoder import ImageDecoder
 from ._data.folder import IMG_EXTENSIONS, ImageFolder
 from ._data.image import decode_image
+from ._data.normalize import normalize
 from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
 from ._engine.loader import AsyncLoader
 from ._engine.accounting import StageStats
@@ -65,6 +66,7 @@ __all__ = [
     "WebDatasetShards",
     "WorkerCrashedError",
     "decode_image",
+    "normalize",
 ]
 
 

@@ -73,8 +73,10 @@ class Window:
 
 def _pair(name: str, value: object, positive: bool) -> tuple[float, float]:
     try:
-        lo, hi = value  # type: ignore[misc]
-        lo, hi = float(lo), float(hi)
+        pair = tuple(value)  # type: ignore[call-overload]
+        if len(pair) != 2:
+            raise ValueError
+        lo, hi = float(pair[0]), float(pair[1])
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a pair of numbers (low, high), got {value!r}") \
             from None

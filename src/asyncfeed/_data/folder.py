@@ -115,7 +115,7 @@ class ImageFolder:
             given = {k: v for k, v in (("scale", scale), ("ratio", ratio), ("hflip", hflip))
                      if v is not None}
             crop = RandomResizedCrop(**given)  # type: ignore[arg-type]
-            self._augment = decoder = RandomResizedCropDecoder(
+            self._augment = RandomResizedCropDecoder(
                 size, crop, interpolation=interpolation, max_pixels=max_pixels, seed=seed)
         elif decoder is None:
             decoder = ImageDecoder(size, interpolation, max_pixels=max_pixels)
@@ -124,11 +124,13 @@ class ImageFolder:
                             "decoder; with decoder=, give them to your decoder")
         elif not callable(decoder):
             raise TypeError(f"decoder must be callable (a Decoder), got {decoder!r}")
-        self.decoder: Any = decoder
+        #: how a file's bytes become the image: the ``RandomResizedCropDecoder`` with
+        #: ``train=True`` (called with the sample's index), else a ``Decoder``
+        self.decoder: Any = self._augment if self._augment is not None else decoder
         self._decode_into = decoder.decode_into if isinstance(decoder, DecoderInto) else None
         # the default decoder's settings (None with a decoder of your own)
-        self.size = decoder.size if isinstance(decoder, (ImageDecoder,
-                                                         RandomResizedCropDecoder)) else None
+        self.size = self.decoder.size if isinstance(
+            self.decoder, (ImageDecoder, RandomResizedCropDecoder)) else None
         self.interpolation: Interpolation = interpolation
         self.extensions = tuple(e.lower() for e in extensions)
         if source is None:

@@ -56,9 +56,11 @@ import torch
 
 from .._errors import SampleError, ShardError
 from .._optional import require
+from .augment import RandomResizedCrop, RandomResizedCropDecoder
 from .image import Interpolation, MaxPixels, decode_image, pixel_limit
 
-__all__ = ["ImageLabelDecoder", "WebDatasetShards", "expand_braces", "group_samples"]
+__all__ = ["ImageLabelDecoder", "WebDatasetShards", "expand_braces", "group_samples",
+           "sample_key"]
 
 logger = logging.getLogger("asyncfeed.webdataset")
 
@@ -248,6 +250,15 @@ class _RangeStream(io.RawIOBase):
         super().close()
 
 
+def sample_key(sample: dict[str, Any]) -> int:
+    """A 64-bit number naming a shard sample: its shard's file name and its key (so a
+    sample keeps its crops wherever the shards are stored)."""
+    import hashlib
+    shard = str(sample.get("__url__", "")).rstrip("/").rpartition("/")[2]
+    name = f"{shard}#{sample.get('__key__')}".encode()
+    return int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "little")
+
+
 class ImageLabelDecoder:
     """``decode=`` for image classification shards: sample -> ``(uint8 [3, size, size], label)``.
 
@@ -256,16 +267,63 @@ class ImageLabelDecoder:
     of ``label_key``.  An image that fails to decode is raised as
     :class:`SampleError` whose source is ``<shard>#<member>``; a missing field as
     ``KeyError``, a bad label as ``ValueError``, both naming the shard and sample.
+
+    ``train=True`` (with ``scale``, ``ratio``, ``hflip``, ``seed``) gives the
+    training samples of ``ImageFolder(train=True)``: random-resized-crop and flip
+    fused into decoding, drawn from ``(seed, epoch, sample)`` where the sample is
+    named by its shard's file name and its key (the same crops wherever the shards
+    are stored, in any order, thread count or resume point).
+    ``WebDatasetShards.set_epoch`` passes the epoch on to this decoder.
     """
 
     def __init__(self, size: int | None = 224, *, image_keys: tuple[str, ...] = (
                  "jpg", "jpeg", "png", "webp", "ppm", "bmp"), label_key: str = "cls",
                  interpolation: Interpolation = "area",
-                 max_pixels: MaxPixels = "pillow") -> None:
+                 max_pixels: MaxPixels = "pillow", train: bool = False,
+                 scale: tuple[float, float] | None = None,
+                 ratio: tuple[float, float] | None = None, hflip: float | None = None,
+                 seed: int | None = None) -> None:
         self.size, self.image_keys, self.label_key = size, image_keys, label_key
         self.interpolation: Interpolation = interpolation
         pixel_limit(max_pixels)
         self.max_pixels: MaxPixels = max_pixels
+        self.train = bool(train)
+        self._augment: RandomResizedCropDecoder | None = None
+        self._epoch = 0
+        if not train and (scale, ratio, hflip, seed) != (None, None, None, None):
+            raise TypeError("scale, ratio, hflip and seed configure the training "
+                            "augmentation: pass them with train=True")
+        if train:
+            if size is None:
+                raise ValueError("train=True needs a size (the crops are resized to it)")
+            given = {k: v for k, v in (("scale", scale), ("ratio", ratio), ("hflip", hflip))
+                     if v is not None}
+            self._augment = RandomResizedCropDecoder(
+                size, RandomResizedCrop(**given),  # type: ignore[arg-type]
+                interpolation=interpolation, max_pixels=max_pixels, seed=seed)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose crops ``train=True`` draws."""
+        return self._augment.epoch if self._augment is not None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s crops from now on (nothing changes without ``train``)."""
+        if self._augment is not None:
+            self._augment.set_epoch(epoch)
+        else:
+            self._epoch = int(epoch)
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of the training crops (None without ``train=True``)."""
+        return self._augment.seed if self._augment is not None else None
+
+    def _image(self, raw: bytes, sample: dict[str, Any]) -> Any:
+        if self._augment is None:
+            return decode_image(raw, self.size, interpolation=self.interpolation,
+                                max_pixels=self.max_pixels)
+        return self._augment.decode(raw, sample_key(sample))
 
     def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
         raw = next((sample[k] for k in self.image_keys if k in sample), None)
@@ -275,8 +333,7 @@ class ImageLabelDecoder:
         key = next(k for k in self.image_keys if k in sample)
         where = f"{sample.get('__url__')}#{sample.get('__key__')}"
         try:
-            img = decode_image(raw, self.size, interpolation=self.interpolation,
-                               max_pixels=self.max_pixels)
+            img = self._image(raw, sample)
         except Exception as e:
             raise SampleError(sample.get("__key__"), f"{where}.{key}", e) from e
         if self.label_key not in sample:
@@ -420,13 +477,18 @@ class WebDatasetShards(torch.utils.data.IterableDataset):
         buffer, from their shards.  The rank, world size and worker must be the
         ones the state was taken with (``ValueError`` at ``iter`` otherwise).
         """
-        self.epoch = int(state["epoch"])
+        self.set_epoch(int(state["epoch"]))
         self._resume_at = copy.deepcopy(state.get("position"))
         self._pass = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for the next pass's shard order and shuffle (like DistributedSampler)."""
+        """Use ``epoch`` for the next pass's shard order and shuffle (like DistributedSampler),
+        and for the ``decode=`` callable's crops when it has a ``set_epoch`` too
+        (``ImageLabelDecoder(train=True)``)."""
         self.epoch = int(epoch)
+        forward = getattr(self.decoder, "set_epoch", None)
+        if callable(forward):
+            forward(self.epoch)
 
     @property
     def use_iter_raw(self) -> bool:
