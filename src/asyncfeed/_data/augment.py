@@ -26,6 +26,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simplejpeg
@@ -54,8 +55,9 @@ def sample_uniforms(seed: int, epoch: int, key: int) -> list[float]:
     ``(key, epoch)``, so every sample's stream is its own (the draws advance only
     the lowest word) and costs one small generator (~15 us), no shared state.
     """
-    bits = np.random.Philox(counter=[0, key & _MASK64, epoch & _MASK64, 0],
-                            key=[seed & _MASK64, (seed >> 64) & _MASK64]).random_raw(N_UNIFORMS)
+    counter = np.array([0, int(key) & _MASK64, int(epoch) & _MASK64, 0], np.uint64)
+    philox_key = np.array([seed & _MASK64, (seed >> 64) & _MASK64], np.uint64)
+    bits = np.random.Philox(counter=counter, key=philox_key).random_raw(N_UNIFORMS)
     out: list[float] = ((bits >> _U64) * _TO_UNIT).tolist()
     return out
 
@@ -71,9 +73,9 @@ class Window:
     flip: bool
 
 
-def _pair(name: str, value: object, positive: bool) -> tuple[float, float]:
+def _pair(name: str, value: Any, positive: bool) -> tuple[float, float]:
     try:
-        pair = tuple(value)  # type: ignore[call-overload]
+        pair = tuple(value)
         if len(pair) != 2:
             raise ValueError
         lo, hi = float(pair[0]), float(pair[1])
