@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import contenders
+from .augment import normalized
 from .limit import run_limit
 from .workloads import build_dataset
 
@@ -91,6 +92,8 @@ def execute(spec: dict) -> dict:
             images = _images(batch)
             if device.startswith("cuda") and not family.startswith("asyncfeed"):
                 images = images.to(device, non_blocking=True)
+            if spec["dataset"].get("normalize"):  # workload h: uint8 rows, as training would
+                images = normalized(images)
             n = int(images.shape[0])
             if shape is None:
                 shape = [int(s) for s in images.shape[1:]] + [str(images.dtype)]

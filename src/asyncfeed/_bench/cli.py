@@ -265,8 +265,8 @@ def _workloads(args: argparse.Namespace) -> tuple[str, ...]:
         return tuple(args.workloads)
     if args.quick:
         return ("a",)
-    return (("a", "b", "c", "d", "f", "g", "overhead", "ceiling") if args.data
-            else ("a", "b", "c", "d", "e", "f", "g", "overhead", "ceiling"))
+    return (("a", "b", "c", "d", "f", "g", "h", "overhead", "ceiling") if args.data
+            else ("a", "b", "c", "d", "e", "f", "g", "h", "overhead", "ceiling"))
 
 
 def write_markdown(path: str) -> int:

@@ -77,6 +77,7 @@ _CONTEST: dict[str, tuple[str | None, str, bool, str]] = {
     "a": ("folder", "rate", True, "/s"), "b": ("ram", "rate", True, "/s"),
     "c": ("gil", "rate", True, "/s"), "e": ("remote", "rate", True, "/s"),
     "f": ("cifar", "rate", True, "/s"), "g": ("pil", "rate", True, "/s"),
+    "h": (None, "rate", True, "/s"),  # every pipeline gives the same normalized crops
     "overhead": ("noop", "rate", True, "/s"), "ceiling": ("sleep", "rate", True, "/s"),
     "step": ("folder", "wait_fraction", False, " waiting"),
     "d": ("folder", "ttfb_s", False, " s"),
@@ -221,6 +222,9 @@ def sections(results: dict) -> list[Section]:
         add(wl, f"({wl}) {WORKLOADS[wl]}: {what} samples per run, batch {bs}",
             ["contender", "samples/s", "x best DL", "x limit", "CPU ms/sample", "peak PSS MB"],
             rows)
+    if "h" in summ:
+        from .augment import section as section_h
+        add("h", *section_h(summ["h"], s, _fmt, _name))
     if "overhead" in summ:
         rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_best"), ".2f"),
                  _fmt((r.get("cpu_per_sample_ms") or 0) * 1e3 or None, ".1f")]

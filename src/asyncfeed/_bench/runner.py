@@ -138,6 +138,9 @@ class Bench:
             if self._has("torchdata") and not s.quick:
                 cfgs.append(Config("g", "torchdata", s.cores, dataset="pil"))
             self.configs["g"] = cfgs
+        if "h" in w:
+            from .augment import plan as plan_h
+            self.configs["h"] = plan_h(self)
         if "ceiling" in w:
             self.configs["ceiling"] = [
                 Config("ceiling", fam, t, dataset="sleep")
@@ -204,7 +207,8 @@ class Bench:
         s = self.s
         samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil,
                    "gil-numpy": s.samples_gil, "cifar": s.samples_cifar,
-                   "pil": s.samples_pil, "noop": s.samples_noop,
+                   "pil": s.samples_pil, "noop": s.samples_noop, "train": s.samples_pil,
+                   "tv-folder": s.samples_pil, "tv-decode": s.samples_pil,
                    "sleep": 0}.get(cfg.dataset, s.samples_remote)
         if cfg.dataset == "sleep":  # about ceiling_seconds at the ideal rate T / 5 ms
             samples = max(4 * s.batch_size, int((cfg.knob or 1) / SLEEP_S * s.ceiling_seconds))
@@ -214,6 +218,8 @@ class Bench:
                               "samples": samples, "seed": s.seed,
                               "interpolation": s.interpolation, "listing": s.listing,
                               "io": "async" if cfg.family == "asyncfeed-async" else "thread"}
+        if cfg.dataset == "train" and cfg.workload == "h":
+            ds["normalize"] = True  # the consumer normalizes the uint8 batches (see augment)
         if cfg.dataset == "ram":
             ds["floats_per_sample"] = max(1, int(s.ram_mb * 2**20 / max(1, samples) / 32))
         if cfg.workload == "e":  # ImageFolder over the server's URL, or the mount
@@ -275,7 +281,7 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="asyncfeed-bench-") as work:
             server = RunServer(work)
             try:
-                for wl in ("a", "step", "b", "c", "d", "e", "f", "g", "overhead",
+                for wl in ("a", "step", "b", "c", "d", "e", "f", "g", "h", "overhead",
                            "ceiling"):
                     if wl not in self.configs:
                         continue

@@ -101,6 +101,9 @@ def _relative(workload: str, rows: list[dict]) -> None:
         for r in rows:
             if best and r.get("rate") and r["family"] != "limit":
                 r["vs_dataloader_best"] = r["rate"] / best
+    if workload == "h":
+        from .augment import relative
+        relative(rows)
     if workload == "ceiling":
         from .workloads import SLEEP_S
         for r in rows:
@@ -118,7 +121,9 @@ def _relative(workload: str, rows: list[dict]) -> None:
 #: per workload, the data set its headline compares on (the others are remedies or
 #: references: (c)'s numpy rewrite, (e)'s 0 ms server)
 _MAIN_DATASET = {"a": "folder", "b": "ram", "c": "gil", "e": "remote", "f": "cifar",
-                 "g": "pil", "overhead": "noop"}
+                 "g": "pil", "h": "train", "overhead": "noop"}
+#: where the headline's DataLoader is another pipeline: (h) fused against the PIL one
+_VERSUS_DATASET = {"h": "pil"}
 
 
 def headline(summary: dict[str, list[dict]]) -> list[dict]:
@@ -147,7 +152,8 @@ def headline(summary: dict[str, list[dict]]) -> list[dict]:
         mine.sort(key=lambda r: ("asyncfeed", "asyncfeed-map", "asyncfeed-async").index(
             r["family"]) if r["family"] in ("asyncfeed", "asyncfeed-map", "asyncfeed-async")
             else 9)
-        dls = [r for r in rows if r["family"] == "dataloader" and r["dataset"] == ds
+        versus = _VERSUS_DATASET.get(wl, ds)
+        dls = [r for r in rows if r["family"] == "dataloader" and r["dataset"] == versus
                and r["mode"] == "throughput" and r.get("rate")]
         if not mine:
             continue

@@ -25,6 +25,7 @@ sampler):
 * ``pil`` (workload g): :class:`PilAugment`, the folder's files decoded by PIL
   and augmented the way torchvision does it on PIL images (RandomResizedCrop,
   horizontal flip, to float32, normalize), written with PIL and numpy.
+* ``train``, ``tv-folder``, ``tv-decode`` (workload h): see :mod:`.augment`.
 * ``sleep`` (workload ceiling): :class:`SleepDataset`, samples that "decode" by
   sleeping 5 ms (GIL released, no CPU) and return one preallocated 3x224x224
   image: what one process can feed when decoding costs it nothing.
@@ -56,6 +57,8 @@ WORKLOADS = {
          "with a latency model",
     "f": "CIFAR-like set in RAM (32x32 uint8, numpy pad-4 crop + flip)",
     "g": "PIL decode + RandomResizedCrop/flip/normalize to float32 (PIL + numpy)",
+    "h": "training augmentation: ImageFolder(train=True) fused against PIL/torchvision "
+         "pipelines",
     "ceiling": "one process's ceiling: samples sleep 5 ms (GIL released), T threads",
     "overhead": "the loader's own cost per sample (a no-op data set)",
 }
@@ -381,6 +384,14 @@ def build_dataset(spec: dict) -> tuple[Any, list[int]]:
     if kind == "pil":
         folder = _open_folder(ImageFolder, {**spec, "io": "thread"})
         ds = PilAugment(list(folder.samples), size, seed)
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    if kind == "train":  # workload h: the fused training path
+        ds = _open_folder(ImageFolder, {**spec, "options": {"train": True, "seed": seed}})
+        return ds, sample_order(len(ds), spec["samples"], seed)
+    if kind in ("tv-folder", "tv-decode"):  # workload h: torchvision's pipelines
+        from .augment import build
+        folder = _open_folder(ImageFolder, {**spec, "io": "thread"})
+        ds = build(spec, folder)
         return ds, sample_order(len(ds), spec["samples"], seed)
     if kind in ("sleep", "noop"):
         ds = SleepDataset(spec["samples"]) if kind == "sleep" else NoopDataset(spec["samples"])

@@ -1,0 +1,172 @@
+"""Workload (h): training augmentation, fused into decoding or run per sample.
+
+Every contender turns the folder's JPEGs into random-resized-crop (to ``size``)
++ horizontal-flip samples, normalized with ImageNet's mean and std:
+
+* ``train``: ``ImageFolder(train=True)``, the crop and flip fused into decoding,
+  ``uint8`` rows; the consumer normalizes each batch with
+  :func:`asyncfeed.normalize` (one op per batch, on the bench's device), counted
+  in the run's time and CPU.  Run by ``AsyncLoader`` (its defaults) and by
+  DataLoader (``w`` = 0, cores, 2 x cores).
+* ``pil``: workload (g)'s :class:`~.workloads.PilAugment` (PIL decode,
+  RandomResizedCrop, flip, float normalize, written with PIL and numpy), run by
+  DataLoader and by ``AsyncLoader`` as a drop-in.
+* ``tv-folder``: ``torchvision.datasets.ImageFolder``'s loader with
+  ``transforms.v2`` RandomResizedCrop/flip/ToDtype/Normalize; ``tv-decode``: file
+  bytes, ``torchvision.io.decode_jpeg`` and the same v2 transforms.  Optional:
+  where torchvision is not installed these rows are skipped, with the reason.
+
+The limit lines run the fused per-sample function (``ImageFolder(train=True)[i]``)
+one process per core, with no loader.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+from .config import Config
+
+__all__ = ["DATASETS", "build", "normalized", "plan", "relative", "section",
+           "torchvision_missing"]
+
+#: the data sets of workload (h), by kind
+DATASETS = ("train", "pil", "tv-folder", "tv-decode")
+TORCHVISION = ("tv-folder", "tv-decode")
+_MEAN = (0.485, 0.456, 0.406)
+_STD = (0.229, 0.224, 0.225)
+
+
+def torchvision_missing() -> str | None:
+    """Why the torchvision contenders cannot run here, or None."""
+    try:
+        importlib.import_module("torchvision.transforms.v2")
+        importlib.import_module("torchvision.io")
+    except Exception as e:  # noqa: BLE001 - any import failure means "cannot run"
+        return f"skipped (not installed): torchvision: {type(e).__name__}: {e}"
+    return None
+
+
+def _tv(module: str) -> Any:
+    """A torchvision module (an optional contender: imported by name, untyped)."""
+    return importlib.import_module(f"torchvision.{module}")
+
+
+def _v2_transform(size: int) -> Any:
+    v2 = _tv("transforms.v2")
+    return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(),
+                       v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(_MEAN, _STD)])
+
+
+class TorchvisionFolder:
+    """What ``torchvision.datasets.ImageFolder(root, transform=v2...)`` does per sample
+    (its ``pil_loader``, then the transform), over a given sample list."""
+
+    def __init__(self, samples: list[tuple[str, int]], size: int) -> None:
+        self.samples = samples
+        self.transform = _v2_transform(size)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        return self.transform(_tv("datasets.folder").pil_loader(path)), label
+
+
+class TorchvisionDecode(TorchvisionFolder):
+    """File bytes, ``torchvision.io.decode_jpeg`` (RGB), then the same v2 transform."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        tvio = _tv("io")
+        path, label = self.samples[index]
+        with open(path, "rb") as f:
+            data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        return self.transform(tvio.decode_jpeg(data, mode=tvio.ImageReadMode.RGB)), label
+
+
+def build(spec: dict, folder: Any) -> Any:
+    """The data set of kind ``spec["kind"]`` over the samples of ``folder`` (an
+    ``ImageFolder`` opened on the bench's files)."""
+    kind, size = spec["kind"], spec["size"]
+    if kind == "tv-folder":
+        return TorchvisionFolder(list(folder.samples), size)
+    if kind == "tv-decode":
+        return TorchvisionDecode(list(folder.samples), size)
+    raise ValueError(f"unknown data set kind {kind!r}")
+
+
+def plan(bench: Any) -> list[Config]:
+    """Workload (h)'s configurations (``bench``: the runner's :class:`Bench`)."""
+    s = bench.s
+    has = bench._has
+    workers = tuple(w for w in s.workers if w in (0, s.cores, 2 * s.cores)) or s.workers
+    cfgs: list[Config] = bench._limits("h", "train")
+    if has("asyncfeed"):
+        cfgs.append(Config("h", "asyncfeed", None, dataset="train", role="default"))
+    sets = ["pil", "train"]
+    why = torchvision_missing()
+    if why is None:
+        sets += list(TORCHVISION)
+    else:
+        bench.skipped["torchvision (h)"] = why
+    for ds in sets:
+        if has("dataloader"):
+            cfgs += [Config("h", "dataloader", w, dataset=ds,
+                            role="reference" if ds != "train" else "sweep") for w in workers]
+        if ds != "train" and has("asyncfeed"):
+            cfgs.append(Config("h", "asyncfeed", None, dataset=ds, role="drop-in"))
+    return cfgs
+
+
+def relative(rows: list[dict]) -> None:
+    """Each row against the best DataLoader setting of each pipeline (``x best PIL DL``...)
+    and its CPU per image against DataLoader w=0 running the PIL pipeline."""
+    def best(ds: str) -> float:
+        return max((r.get("rate") or 0 for r in rows if r["family"] == "dataloader"
+                    and r["dataset"] == ds), default=0)
+    pil_w0 = next((r for r in rows if r["family"] == "dataloader" and r["dataset"] == "pil"
+                   and r["knob"] == 0), None)
+    for r in rows:
+        if not r.get("rate") or r["family"] == "limit":
+            continue
+        for ds, key in (("pil", "vs_pil_best"), ("tv-folder", "vs_tv_folder_best"),
+                        ("tv-decode", "vs_tv_decode_best")):
+            b = best(ds)
+            if b:
+                r[key] = r["rate"] / b
+        if pil_w0 and pil_w0.get("cpu_per_sample_ms") and r.get("cpu_per_sample_ms"):
+            r["cpu_vs_pil_w0"] = r["cpu_per_sample_ms"] / pil_w0["cpu_per_sample_ms"]
+
+
+_PIPELINE = {"train": "fused (uint8) + normalize", "pil": "PIL + numpy",
+             "tv-folder": "tv ImageFolder + v2", "tv-decode": "tv decode_jpeg + v2"}
+
+
+def section(rows: list[dict], settings: dict, fmt: Any, name: Any
+            ) -> tuple[str, list[str], list[list[str]]]:
+    """Workload (h)'s table as ``(title, headers, rows)`` (``fmt``, ``name``: the
+    report's helpers)."""
+    out = [[name(r), _PIPELINE.get(r["dataset"], r["dataset"]), fmt(r.get("rate"), ",.0f"),
+            fmt(r.get("vs_pil_best"), ".2f"), fmt(r.get("vs_tv_folder_best"), ".2f"),
+            fmt(r.get("vs_tv_decode_best"), ".2f"), fmt(r.get("vs_limit"), ".2f"),
+            fmt(r.get("cpu_per_sample_ms"), ".3f"), fmt(r.get("cpu_vs_pil_w0"), ".2f"),
+            fmt(r.get("peak_pss_bytes"), "mb")] for r in rows]
+    title = (f"(h) training augmentation: random-resized-crop + flip to {settings['size']}, "
+             f"normalized; {settings.get('samples_pil')} samples per run, batch "
+             f"{settings['batch_size']}; x: rate against the best DataLoader setting of that "
+             f"pipeline; CPU x: against DataLoader w=0 on the PIL pipeline")
+    headers = ["contender", "pipeline", "img/s", "x PIL", "x tv-folder", "x tv-decode",
+               "x limit", "CPU ms/img", "CPU x", "peak PSS MB"]
+    return title, headers, out
+
+
+def normalized(images: Any) -> Any:
+    """The consumer's per-batch normalize of the fused rows (see the module docstring)."""
+    from .._data.normalize import normalize
+    return normalize(images) if isinstance(images, torch.Tensor) \
+        and images.dtype == torch.uint8 else images
+

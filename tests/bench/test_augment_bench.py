@@ -1,0 +1,101 @@
+"""Workload (h), training augmentation: its plan, its figures, and real runs of its
+data sets through the bench's run function (no timing asserted)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncfeed._bench import augment
+from asyncfeed._bench.child import execute
+from asyncfeed._bench.config import Config
+from asyncfeed._bench.report import render
+from asyncfeed._bench.runner import Bench, Settings
+from support.imagegen import write
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("h") / "root"
+    for i in range(12):
+        write("baseline", root / f"c{i % 2}" / f"{i:02d}.jpg", 40 + 4 * i, 60 - 2 * i, seed=i)
+    return str(root)
+
+
+def test_the_plan_compares_the_fused_path_with_every_pipeline(tmp_path, monkeypatch):
+    monkeypatch.setattr(augment, "torchvision_missing", lambda: "skipped (not installed): x")
+    bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("h",)))
+    bench.plan()
+    h = bench.configs["h"]
+    got = {(c.family, c.knob, c.dataset) for c in h}
+    assert got == {("limit", 1, "train"), ("limit", 2, "train"), ("asyncfeed", None, "train"),
+                   ("asyncfeed", None, "pil")} | {("dataloader", w, ds) for w in (0, 2, 4)
+                                                  for ds in ("pil", "train")}
+    assert bench.skipped["torchvision (h)"].startswith("skipped (not installed)")
+    spec = bench._spec(next(c for c in h if c.family == "asyncfeed" and c.dataset == "train"))
+    assert spec["dataset"]["normalize"] is True and spec["dataset"]["samples"] == 320
+    assert "normalize" not in bench._spec(next(c for c in h if c.dataset == "pil"))["dataset"]
+    monkeypatch.setattr(augment, "torchvision_missing", lambda: None)
+    bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("h",)))
+    bench.plan()
+    datasets = {c.dataset for c in bench.configs["h"] if c.family == "asyncfeed"}
+    assert datasets == {"train", "pil", "tv-folder", "tv-decode"}
+    assert "torchvision (h)" not in bench.skipped
+
+
+def _row(rate: float, cpu: float) -> dict:
+    return {"ok": True, "rate": rate, "cpu_per_sample_ms": cpu, "other_load": 0.0}
+
+
+def test_figures_headline_and_table(tmp_path):
+    bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("h",)))
+    bench.configs["h"] = [
+        Config("h", "limit", 2, mode="limit", dataset="train", role="limit",
+               runs=[_row(1000, 1.8)]),
+        Config("h", "asyncfeed", None, dataset="train", role="default", runs=[_row(900, 2.0)]),
+        Config("h", "dataloader", 0, dataset="pil", role="reference", runs=[_row(250, 4.0)]),
+        Config("h", "dataloader", 2, dataset="pil", role="reference", runs=[_row(400, 4.6)]),
+        Config("h", "dataloader", 2, dataset="train", runs=[_row(800, 2.3)]),
+    ]
+    results = bench.results()
+    rows = {(r["family"], r["knob"], r["dataset"]): r for r in results["summary"]["h"]}
+    mine = rows[("asyncfeed", None, "train")]
+    assert mine["vs_pil_best"] == pytest.approx(900 / 400)
+    assert mine["cpu_vs_pil_w0"] == pytest.approx(2.0 / 4.0)
+    assert mine["vs_limit"] == pytest.approx(0.9)
+    assert "vs_tv_folder_best" not in mine
+    head = next(h for h in results["headline"] if h["workload"] == "h")
+    assert head["versus"] == "DataLoader w=2" and head["ratio"] == pytest.approx(2.25)
+    results.update(machine={"cores_usable": 2, "cpu_model": "x", "memory_bytes": 2**30,
+                            "python": "3", "torch": "2"}, data={})
+    text = render(results)
+    assert "(h) training augmentation" in text and "fused (uint8) + normalize" in text
+    assert "2.25" in text and "0.50" in text
+
+
+def _spec(folder: str, kind: str, family: str, knob, mode="throughput", **ds) -> dict:
+    return {"dataset": {"kind": kind, "root": folder, "size": 32, "samples": 16, "seed": 0,
+                        "interpolation": "area", "listing": None, "io": "thread", **ds},
+            "family": family, "knob": knob, "mode": mode, "batch_size": 8, "device": "cpu",
+            "seed": 0, "context": None, "pause": False, "procs": 2}
+
+
+def test_real_runs_give_normalized_float_batches(folder):
+    fused = execute(_spec(folder, "train", "asyncfeed", None, normalize=True))
+    assert fused["samples"] == 16 and fused["sample_shape"] == [3, 32, 32, "torch.float32"]
+    pil = execute(_spec(folder, "pil", "dataloader", 0))
+    assert pil["sample_shape"] == [3, 32, 32, "torch.float32"]
+    loader_over_fused = execute(_spec(folder, "train", "dataloader", 2, normalize=True))
+    assert loader_over_fused["sample_shape"] == fused["sample_shape"]
+    limit = execute(_spec(folder, "train", "limit", 2, mode="limit"))
+    assert limit["samples"] == 16 and limit["rate"] > 0
+
+
+def test_the_consumers_normalize_is_asyncfeeds():
+    x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    from asyncfeed import normalize
+    assert torch.equal(augment.normalized(x), normalize(x))
+    f = torch.zeros(2, 3, 4, 4)
+    assert augment.normalized(f) is f
