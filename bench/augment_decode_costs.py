@@ -1,0 +1,149 @@
+"""What the fused training path spends per image, and what region decoding could save.
+
+    PYTHONPATH=src python bench/augment_decode_costs.py [FOLDER] [--size 224] [--rounds 5]
+
+FOLDER: an ImageFolder tree (default: the bench's synthetic set of 1000 images,
+generated if needed).  One thread, CPU time (``time.process_time``), every step
+timed over every image, steps interleaved round by round (A B C A B C ...);
+medians over the rounds, and the worst round.  Prints:
+
+1. libjpeg-turbo's decode at each M/8 scale simplejpeg offers (why only 1/2, 1/4
+   and 1/8 are used);
+2. the share of training windows decoded at full size, 1/2, 1/4, 1/8;
+3. the fused sample's steps: header + window, decode (at the reduction chosen),
+   crop + resize (area and linear), flip + CHW write; and the whole sample;
+4. the share of each image a decoder that stopped after the window's last row
+   (libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``, or
+   TurboJPEG 3's cropping region; none of simplejpeg, Pillow and OpenCV expose it)
+   would leave undecoded: an upper bound on what region decoding would save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import cv2
+import numpy as np
+import simplejpeg
+
+from asyncfeed import ImageFolder
+from asyncfeed._data import augment
+from asyncfeed._data.augment import RandomResizedCrop, draw_window, sample_uniforms
+
+
+def _folder(path: str | None) -> str:
+    if path:
+        return path
+    from asyncfeed._bench import synthetic
+    return synthetic.ensure_synthetic(1000, 10, seed=0)
+
+
+def _rounds(steps: dict, rounds: int) -> dict:
+    times: dict = {k: [] for k in steps}
+    for _ in range(rounds):
+        for name, (fn, n) in steps.items():
+            t0 = time.process_time()
+            fn()
+            times[name].append((time.process_time() - t0) / n * 1e3)
+    return {k: (statistics.median(v), max(v)) for k, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", nargs="?")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    cv2.setNumThreads(1)
+    root = _folder(args.folder)
+    ds = ImageFolder(root, args.size, train=True, seed=0)
+    raws = []
+    for path, _ in ds.samples:
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            simplejpeg.decode_jpeg_header(raw)
+        except ValueError:
+            continue
+        raws.append(raw)
+    heads = [simplejpeg.decode_jpeg_header(r)[:2] for r in raws]
+    n = len(raws)
+    print(f"{n} JPEGs from {root}; size {args.size}; {args.rounds} rounds, one thread, "
+          f"CPU ms per image: median (worst round)\n")
+
+    def scaled(m: int):
+        def run() -> None:
+            for r, (h, w) in zip(raws, heads):
+                simplejpeg.decode_jpeg(r, colorspace="RGB", min_height=-(-h * m // 8),
+                                       min_width=-(-w * m // 8))
+        return run, n
+    res = _rounds({f"{m}/8": scaled(m) for m in range(8, 0, -1)}, args.rounds)
+    print("1. decode at each scale")
+    for k, (med, worst) in res.items():
+        print(f"   {k:>4}: {med:.3f} ({worst:.3f})")
+
+    spec = RandomResizedCrop()
+    wins = [draw_window(h, w, sample_uniforms(0, 0, i), spec) for i, (h, w) in enumerate(heads)]
+    ks = [augment._reduction(win, args.size) for win in wins]
+    print("\n2. windows decoded at: " + ", ".join(
+        f"{'full size' if k == 1 else f'1/{k}'} {ks.count(k) / n:.1%}" for k in (1, 2, 4, 8)))
+
+    decoded = []
+    for r, (h, w), win, k in zip(raws, heads, wins, ks):
+        kw = {} if k == 1 else {"min_height": -(-h // k), "min_width": -(-w // k)}
+        decoded.append(augment._cut(simplejpeg.decode_jpeg(r, colorspace="RGB", **kw),
+                                    win, h, w))
+    resized = [cv2.resize(c, (args.size, args.size), interpolation=cv2.INTER_LINEAR)
+               for c in decoded]
+    out = np.empty((3, args.size, args.size), np.uint8)
+
+    def header() -> None:
+        for i, r in enumerate(raws):
+            h, w = simplejpeg.decode_jpeg_header(r)[:2]
+            draw_window(h, w, sample_uniforms(0, 0, i), spec)
+
+    def decode() -> None:
+        for r, (h, w), k in zip(raws, heads, ks):
+            kw = {} if k == 1 else {"min_height": -(-h // k), "min_width": -(-w // k)}
+            simplejpeg.decode_jpeg(r, colorspace="RGB", **kw)
+
+    def resize(flag: int):
+        def run() -> None:
+            for c in decoded:
+                shrink = c.shape[0] >= args.size and c.shape[1] >= args.size
+                cv2.resize(c, (args.size, args.size),
+                           interpolation=flag if shrink else cv2.INTER_LINEAR)
+        return run, n
+
+    def flip_write() -> None:
+        for i, c in enumerate(resized):
+            augment.hwc_to_chw(cv2.flip(c, 1) if wins[i].flip else c, out)
+
+    def whole(interp: str):
+        dec = augment.RandomResizedCropDecoder(args.size, interpolation=interp, seed=0)
+
+        def run() -> None:
+            for i, r in enumerate(raws):
+                dec.decode(r, i, out)
+        return run, n
+    res = _rounds({"header + window": (header, n), "decode": (decode, n),
+                   "resize area": resize(cv2.INTER_AREA), "resize linear": resize(cv2.INTER_LINEAR),
+                   "flip + CHW write": (flip_write, n), "whole sample, area": whole("area"),
+                   "whole sample, linear": whole("linear")}, args.rounds)
+    print("\n3. the fused sample's steps")
+    for k, (med, worst) in res.items():
+        print(f"   {k:<22} {med:.3f} ({worst:.3f})")
+
+    below = [1 - (win.top + win.height) / h for win, (h, _) in zip(wins, heads)]
+    full = [b for b, k in zip(below, ks) if k == 1]
+    print(f"\n4. rows below the window: {statistics.mean(below):.1%} of the image on average "
+          f"({statistics.mean(full):.1%} for windows decoded at full size)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
