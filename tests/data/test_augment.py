@@ -286,7 +286,8 @@ def test_batches_are_the_same_for_any_thread_count_execution_and_dataloader(tree
 
     want = run(num_threads=1, execution="threads")
     assert not same(want[0], want[1]) and same(want[0], want[2])
-    for kw in ({"num_threads": 3, "execution": "threads"},
+    for kw in ({"num_threads": 3, "execution": "threads"}, {"execution": "inline"},
+               {"execution": "auto"},
                {"num_threads": 2, "execution": "processes", "num_workers": 2}):
         got = run(**kw)
         for e in range(3):
