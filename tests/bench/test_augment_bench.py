@@ -35,8 +35,9 @@ def test_the_plan_compares_the_fused_path_with_every_pipeline(tmp_path, monkeypa
                                                   for ds in ("pil", "train")}
     assert bench.skipped["torchvision (h)"].startswith("skipped (not installed)")
     spec = bench._spec(next(c for c in h if c.family == "asyncfeed" and c.dataset == "train"))
-    assert spec["dataset"]["normalize"] is True and spec["dataset"]["samples"] == 320
-    assert "normalize" not in bench._spec(next(c for c in h if c.dataset == "pil"))["dataset"]
+    assert spec["dataset"]["normalize"] is True and spec["dataset"]["samples"] == 640
+    pil = bench._spec(next(c for c in h if c.dataset == "pil"))["dataset"]
+    assert "normalize" not in pil and pil["samples"] == 640  # (g)'s PIL set runs 320
     monkeypatch.setattr(augment, "torchvision_missing", lambda: None)
     bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("h",)))
     bench.plan()

@@ -156,7 +156,7 @@ def section(rows: list[dict], settings: dict, fmt: Any, name: Any
             fmt(r.get("cpu_per_sample_ms"), ".3f"), fmt(r.get("cpu_vs_pil_w0"), ".2f"),
             fmt(r.get("peak_pss_bytes"), "mb")] for r in rows]
     title = (f"(h) training augmentation: random-resized-crop + flip to {settings['size']}, "
-             f"normalized; {settings.get('samples_pil')} samples per run, batch "
+             f"normalized; {settings.get('samples')} samples per run, batch "
              f"{settings['batch_size']}; x: rate against the best DataLoader setting of that "
              f"pipeline; CPU x: against DataLoader w=0 on the PIL pipeline")
     headers = ["contender", "pipeline", "img/s", "x PIL", "x tv-folder", "x tv-decode",

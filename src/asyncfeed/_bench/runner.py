@@ -207,9 +207,10 @@ class Bench:
         s = self.s
         samples = {"folder": s.samples, "ram": s.samples_ram, "gil": s.samples_gil,
                    "gil-numpy": s.samples_gil, "cifar": s.samples_cifar,
-                   "pil": s.samples_pil, "noop": s.samples_noop, "train": s.samples_pil,
-                   "tv-folder": s.samples_pil, "tv-decode": s.samples_pil,
+                   "pil": s.samples_pil, "noop": s.samples_noop,
                    "sleep": 0}.get(cfg.dataset, s.samples_remote)
+        if cfg.workload == "h":  # (a)'s count: a pass long enough for the loaders to settle
+            samples = s.samples
         if cfg.dataset == "sleep":  # about ceiling_seconds at the ideal rate T / 5 ms
             samples = max(4 * s.batch_size, int((cfg.knob or 1) / SLEEP_S * s.ceiling_seconds))
         if cfg.mode == "step":  # paced by the step, not by the loader: half as many do
