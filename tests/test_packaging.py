@@ -119,7 +119,7 @@ def test_bench_without_its_tools_says_what_to_install() -> None:
         for name in ("psutil", "tqdm", "matplotlib"):
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
-                rc = main(["bench", "--quick", "--workloads", "a"])
+                rc = main(["bench", "--quick", "--workloads", "a", "--plot", "x.png"])
             print(rc, "|", err.getvalue().strip())
             del sys.modules[name]  # installed again: the next one is reported
     """, block=("psutil", "tqdm", "matplotlib"))
