@@ -74,12 +74,13 @@ class RunServer:
             return ""
 
     def run(self, spec: dict, *, timeout: float, pss_interval: float = 1.0,
-            companions: list[int] | None = None) -> dict:
+            rss_interval: float = 0.02, companions: list[int] | None = None) -> dict:
         """Execute ``spec`` in a fresh forked process; returns its figures plus memory.
 
         ``companions``: processes that serve the run (an HTTP server standing in for
         remote storage): their CPU time is reported as ``companion_cpu_s`` and not
-        counted as other load."""
+        counted as other load.  ``pss_interval``/``rss_interval``: how often memory is
+        read (each reading costs this process CPU the run may miss)."""
         self._count += 1
         result_path = os.path.join(self.workdir, f"run-{self._count}.json")
         spec = {**spec, "result_path": result_path}
@@ -91,7 +92,8 @@ class RunServer:
         pid = started["pid"]
         me0 = os.times()
         comp0 = _cpu_of(companions)
-        sampler = TreeSampler(pid, self.pid, pss_interval=pss_interval)
+        sampler = TreeSampler(pid, self.pid, pss_interval=pss_interval,
+                              rss_interval=rss_interval)
         timed_out = False
         deadline = time.monotonic() + timeout
         done = None
