@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,9 @@ def main() -> None:
     conditions = ["quiet"] + (["neighbour"] if args.neighbour else [])
     contenders: list[tuple[str, int | None]] = [("dataloader", w) for w in DL_WORKERS]
     contenders.append(("asyncfeed", None))
+    # SIGTERM (and SIGINT, which a shell ignores in background jobs) end the run through
+    # its ``finally``: the neighbour is killed and the fork server closed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.time()
     info = machine_info()
     rundir = tempfile.mkdtemp(prefix="asyncfeed-outcome-runs-")
@@ -127,7 +131,8 @@ def main() -> None:
                              "family": family, "workers": workers, "ok": bool(out.get("ok")),
                              "epochs": out.get("epochs", []), "cpu_s": out.get("cpu_s"),
                              "build_s": out.get("build_s"), "other_load": out.get("other_load"),
-                             "error": out.get("error"), "log_tail": out.get("log_tail")}
+                             "error": out.get("error"), "log_tail": out.get("log_tail"),
+                             "neighbour_pid": neighbour.pid if neighbour else None}
                         rounds.append(r)
                         print(_line(r), flush=True)
     finally:

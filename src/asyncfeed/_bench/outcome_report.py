@@ -12,7 +12,9 @@ beside the run) :func:`summarise` reports:
   setting's rate *in the same round* (side by side), median and worst round;
 * the slowest round over the median, for AsyncLoader's first epoch and steady state;
 * the execution chosen in each round (after the first epoch, and after the last)
-  and how many rounds chose the most common one.
+  and how many rounds chose the most common one;
+* the median share of the machine's CPU used outside the round's process tree
+  ("other load": other users, and the neighbour where there is one).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 
 def execution_key(fields: dict[str, Any]) -> str:
@@ -45,6 +47,10 @@ def execution_key(fields: dict[str, Any]) -> str:
     return text.split("(")[0].strip()[:30] or "?"
 
 
+def _first(epochs: list[dict]) -> float:
+    return float(epochs[0]["rate"])
+
+
 def _later(epochs: list[dict]) -> float:
     """The steady state: the mean rate of the epochs after the first (the first's rate
     where there is no other)."""
@@ -67,23 +73,25 @@ def summarise(rounds: list[dict]) -> dict[str, Any]:
         by_round.setdefault(r["round"], {})[key] = r
     settings = sorted({k for runs in by_round.values() for k in runs if k != "async"})
     out: dict[str, Any] = {"rounds": len(by_round), "failed": failed}
+    loads = [r["other_load"] for r in ok if r.get("other_load") is not None]
+    out["other_load_median"] = statistics.median(loads) if loads else None
 
-    def best(figure: Any) -> tuple[str | None, dict[str, float]]:
-        medians = {s: statistics.median([figure(runs[s]["epochs"])
-                                         for runs in by_round.values() if s in runs])
-                   for s in settings}
-        return (max(medians, key=lambda s: medians[s]) if medians else None), medians
+    def medians(figure: Callable[[list[dict]], float]) -> dict[str, float]:
+        return {s: statistics.median([figure(runs[s]["epochs"])
+                                      for runs in by_round.values() if s in runs])
+                for s in settings}
 
-    first = (lambda eps: eps[0]["rate"])
-    out["dl_first_medians"] = best(first)[1]
-    out["dl_later_medians"] = best(_later)[1]
-    best_first, _ = best(first)
-    best_later, _ = best(_later)
-    out["best_dl_first"], out["best_dl_later"] = best_first, best_later
+    def best(meds: dict[str, float]) -> str | None:
+        return max(meds, key=lambda s: meds[s]) if meds else None
+
+    out["dl_first_medians"] = medians(_first)
+    out["dl_later_medians"] = medians(_later)
+    best_first = out["best_dl_first"] = best(out["dl_first_medians"])
+    best_later = out["best_dl_later"] = best(out["dl_later_medians"])
     af = {n: runs["async"] for n, runs in by_round.items() if "async" in runs}
     if not af or best_first is None or best_later is None:
         return out
-    paired_first = [(first(r["epochs"]), first(by_round[n][best_first]["epochs"]))
+    paired_first = [(_first(r["epochs"]), _first(by_round[n][best_first]["epochs"]))
                     for n, r in af.items() if best_first in by_round[n]]
     paired_later = [(_later(r["epochs"]), _later(by_round[n][best_later]["epochs"]))
                     for n, r in af.items() if best_later in by_round[n]]
@@ -119,14 +127,14 @@ def markdown(summaries: list[dict[str, Any]]) -> str:
     head = ("| data set | neighbour | best DataLoader, 1st epoch | AsyncLoader 1st epoch "
             "| ratio median (worst) | best DataLoader, later | AsyncLoader steady "
             "| ratio median (worst) | slowest/median 1st, steady | execution: most common "
-            "(rounds) |")
-    lines = [head, "|" + " --- |" * 10]
+            "(rounds) | other load |")
+    lines = [head, "|" + " --- |" * 11]
     notes = []
     for s in summaries:
         f, st, ex = s.get("first"), s.get("steady"), s.get("executions")
         cells = [s["dataset"], "yes" if s["condition"] == "neighbour" else "no"]
         if f is None or st is None or ex is None:
-            cells += ["no AsyncLoader/DataLoader pair"] + ["-"] * 7
+            cells += ["no AsyncLoader/DataLoader pair"] + ["-"] * 8
         else:
             cells += [
                 f"{s['best_dl_first']} {_rate(f['dl_median'])}", _rate(f["median"]),
@@ -135,6 +143,7 @@ def markdown(summaries: list[dict[str, Any]]) -> str:
                 f"**{st['ratio_median']:.2f}x** ({st['ratio_worst']:.2f}x)",
                 f"{f['slowest_over_median']:.2f}, {st['slowest_over_median']:.2f}",
                 f"{ex['most_common']} ({ex['most_common_rounds']}/{len(ex['after_first_epoch'])})",
+                "-" if s.get("other_load_median") is None else f"{s['other_load_median']:.2f}",
             ]
             changed = (f"; after the last epoch: {', '.join(ex['after_last_epoch'])}"
                        if ex["changed_after_first_epoch"] else "")
