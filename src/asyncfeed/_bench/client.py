@@ -97,14 +97,21 @@ class RunServer:
         timed_out = False
         deadline = time.monotonic() + timeout
         done = None
-        while done is None:
-            try:
-                done = self._read(max(0.1, deadline - time.monotonic()))
-            except TimeoutError:
-                timed_out = True
-                self._kill_tree(pid)
-                done = self._read(30)
-        memory = sampler.stop()
+        try:
+            while done is None:
+                try:
+                    done = self._read(max(0.1, deadline - time.monotonic()))
+                except TimeoutError:
+                    timed_out = True
+                    self._kill_tree(pid)
+                    done = self._read(30)
+        except BaseException:
+            # interrupted (Ctrl-C, SIGTERM turned into SystemExit): the run goes too,
+            # and the sampler's thread is stopped below, or the interpreter waits on it
+            self._kill_tree(pid)
+            raise
+        finally:
+            memory = sampler.stop()
         me1 = os.times()
         main_cpu = (me1.user + me1.system) - (me0.user + me0.system)
         companion_cpu = _cpu_of(companions) - comp0
