@@ -214,19 +214,28 @@ class _Mode(enum.Enum):
 
 
 @dataclass
+class _Measured:
+    candidate: str
+    rate: float
+
+
+@dataclass
 class _Execution:
     mode: _Mode
     count: int
     reason: _Mode
+    candidates: tuple[_Measured, ...] = ()
 
     def __str__(self) -> str:
         return "threads: 3 of 4 running"
 
 
 def test_execution_fields_and_key_read_a_dataclass_or_the_sentence():
-    fields = execution_fields(_Execution(_Mode.THREADS, 3, _Mode.THREADS))
+    fields = execution_fields(_Execution(_Mode.THREADS, 3, _Mode.THREADS,
+                                         (_Measured("inline", 10.5),)))
     assert fields == {"execution": "threads: 3 of 4 running", "mode": "threads", "count": 3,
-                      "reason": "threads"}
+                      "reason": "threads",
+                      "candidates": [{"candidate": "inline", "rate": 10.5}]}
     assert execution_key(fields) == "threads(3)"
     assert execution_key({"mode": "inline", "count": 0}) == "inline"
     assert execution_fields("threads: 8 (pinned)") == {"execution": "threads: 8 (pinned)"}

@@ -44,13 +44,19 @@ def _plain(value: Any) -> Any:
 
 
 def execution_fields(execution: Any) -> dict[str, Any]:
-    """``stats().execution`` as data: its text, plus ``mode``, ``count`` and ``reason``
-    where the object has those attributes (a string has none of them)."""
+    """``stats().execution`` as data: its text, plus ``mode``, ``count``, ``reason`` and
+    ``margin`` where the object has those attributes (a string has none of them), and
+    ``candidates`` (each measured candidate's text and ``rate``) where it lists them."""
     out: dict[str, Any] = {"execution": str(execution)}
-    if not isinstance(execution, str):
-        for name in ("mode", "count", "reason"):
-            if hasattr(execution, name):
-                out[name] = _plain(getattr(execution, name))
+    if isinstance(execution, str):
+        return out
+    for name in ("mode", "count", "reason", "margin"):
+        if hasattr(execution, name):
+            out[name] = _plain(getattr(execution, name))
+    measured = getattr(execution, "candidates", None)
+    if isinstance(measured, (list, tuple)):
+        out["candidates"] = [{"candidate": str(getattr(m, "candidate", m)),
+                              "rate": _plain(getattr(m, "rate", None))} for m in measured]
     return out
 
 
