@@ -74,12 +74,13 @@ class RunServer:
             return ""
 
     def run(self, spec: dict, *, timeout: float, pss_interval: float = 1.0,
-            companions: list[int] | None = None) -> dict:
+            rss_interval: float = 0.02, companions: list[int] | None = None) -> dict:
         """Execute ``spec`` in a fresh forked process; returns its figures plus memory.
 
         ``companions``: processes that serve the run (an HTTP server standing in for
         remote storage): their CPU time is reported as ``companion_cpu_s`` and not
-        counted as other load."""
+        counted as other load.  ``pss_interval``/``rss_interval``: how often memory is
+        read (each reading costs this process CPU the run may miss)."""
         self._count += 1
         result_path = os.path.join(self.workdir, f"run-{self._count}.json")
         spec = {**spec, "result_path": result_path}
@@ -91,18 +92,26 @@ class RunServer:
         pid = started["pid"]
         me0 = os.times()
         comp0 = _cpu_of(companions)
-        sampler = TreeSampler(pid, self.pid, pss_interval=pss_interval)
+        sampler = TreeSampler(pid, self.pid, pss_interval=pss_interval,
+                              rss_interval=rss_interval)
         timed_out = False
         deadline = time.monotonic() + timeout
         done = None
-        while done is None:
-            try:
-                done = self._read(max(0.1, deadline - time.monotonic()))
-            except TimeoutError:
-                timed_out = True
-                self._kill_tree(pid)
-                done = self._read(30)
-        memory = sampler.stop()
+        try:
+            while done is None:
+                try:
+                    done = self._read(max(0.1, deadline - time.monotonic()))
+                except TimeoutError:
+                    timed_out = True
+                    self._kill_tree(pid)
+                    done = self._read(30)
+        except BaseException:
+            # interrupted (Ctrl-C, SIGTERM turned into SystemExit): the run goes too,
+            # and the sampler's thread is stopped below, or the interpreter waits on it
+            self._kill_tree(pid)
+            raise
+        finally:
+            memory = sampler.stop()
         me1 = os.times()
         main_cpu = (me1.user + me1.system) - (me0.user + me0.system)
         companion_cpu = _cpu_of(companions) - comp0

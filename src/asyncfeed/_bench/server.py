@@ -11,6 +11,9 @@ leftovers (allocator state, threads, caches) never leak into the next.
 Memory is read over the server *and* the run's process tree: pages the child
 still shares with the server are then counted once, as in a fresh process.
 
+A spec's ``entry`` names the module that executes it (:data:`ENTRIES`): :mod:`.child`
+(the default) or :mod:`.outcome_round` (the outcome bench's rounds).
+
 Protocol, one JSON object per line: the client writes a run spec to stdin; the
 server answers ``{"event": "started", "pid": N}`` and, once the child has exited,
 ``{"event": "done", "pid": N, "status": S}``; the child writes its figures (or
@@ -20,10 +23,14 @@ the server.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import traceback
+
+#: the modules whose ``execute(spec)`` a run may name as ``spec["entry"]`` (default ``child``)
+ENTRIES = ("child", "outcome_round")
 
 
 def _child(spec: dict) -> None:
@@ -36,7 +43,10 @@ def _child(spec: dict) -> None:
         os.dup2(2, 1)  # nothing a loader prints may reach the protocol stream
         sys.stdin = open(os.devnull)
         sys.stdout = sys.stderr
-        from .child import execute
+        entry = spec.get("entry", "child")
+        if entry not in ENTRIES:
+            raise ValueError(f"unknown run entry {entry!r}; known: {', '.join(ENTRIES)}")
+        execute = importlib.import_module(f"{__package__}.{entry}").execute
         result = {"ok": True, **execute(spec)}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a reported error
         code = 1
@@ -69,7 +79,7 @@ def serve() -> None:
 
     import asyncfeed  # noqa: F401  (ImageFolder, the loader, the decode function)
 
-    from . import child, contenders, limit, workloads  # noqa: F401
+    from . import child, contenders, limit, outcome_round, workloads  # noqa: F401
     proto.write(json.dumps({"event": "ready", "pid": os.getpid()}) + "\n")
     for line in sys.stdin:
         line = line.strip()

@@ -31,6 +31,8 @@ sampler):
   image: what one process can feed when decoding costs it nothing.
 * ``noop`` (workload overhead): :class:`NoopDataset`, samples that cost nothing
   (a preallocated 3x32x32 array and the index): the loader's own cost per sample.
+* the outcome bench's data sets (``bench/outcome.py``), written as users write them, by
+  name (``detection``, ``text``, ...): :mod:`.userdata`, each with its own sample order.
 
 Data sets are built in the process that runs the loader (never inherited from
 the benchmark's fork server), so every contender starts from the same state.
@@ -47,6 +49,7 @@ import torch
 from .._data.folder import ImageFolder
 from .._data.image import decode_image
 from .._io.local import LocalSource
+from . import userdata
 
 WORKLOADS = {
     "a": "JPEG folder in the page cache",
@@ -362,6 +365,10 @@ def sample_order(n_available: int, n_samples: int, seed: int) -> list[int]:
 def build_dataset(spec: dict) -> tuple[Any, list[int]]:
     """``(dataset, order)`` for a run's ``dataset`` spec (built in the running process)."""
     kind = spec["kind"]
+    if kind in userdata.DATASETS:
+        built = userdata.build(kind, quick=bool(spec.get("quick")), workdir=spec.get("workdir"),
+                               seed=spec.get("seed", 0))
+        return built.dataset, built.order
     size, seed = spec["size"], spec.get("seed", 0)
     if kind == "folder":
         ds = _open_folder(ImageFolder, spec)

@@ -1,0 +1,165 @@
+"""AsyncLoader's defaults against the best DataLoader setting, on data sets written as users
+write them (:mod:`asyncfeed._bench.userdata`): first epoch, steady state, and stability.
+
+For each data set, N rounds; in each round every contender runs in its own fresh process
+(forked by the bench's fork server: torch imported, nothing else run), the contenders'
+order turning each round (A B C D, D C B A, ...):
+
+* ``DataLoader`` with ``num_workers`` 0, 2 and 4 (the set's sampler order, batch size and
+  ``collate_fn``), ``--dl-epochs`` epochs;
+* ``AsyncLoader`` with its defaults (the same order, batch size and ``collate_fn``),
+  ``--epochs`` epochs on one loader: the first epoch (timed from building the loader)
+  and the steady state (the mean rate of the later epochs), and ``stats().execution``
+  after each epoch.
+
+With ``--neighbour`` every round is run a second time beside one busy-looping process
+(``while True: pass``, started before the round's process and killed after it).
+
+The report (markdown, printed; ``--json PATH`` writes every round and the summary) gives,
+per data set and condition: the best DataLoader setting's median rate, AsyncLoader's
+first-epoch and steady-state medians and their ratios to that setting in the same round
+(median and worst round), the slowest round over the median, and the execution chosen in
+each round with how many rounds chose the most common one.
+
+    PYTHONPATH=src python bench/outcome.py                             # 5 rounds, every set
+    PYTHONPATH=src python bench/outcome.py --rounds 3 --neighbour --json out.json
+    PYTHONPATH=src python bench/outcome.py --datasets detection,text --epochs 4
+    PYTHONPATH=src python bench/outcome.py --quick --rounds 1         # smoke test (seconds)
+
+Sizes: one ``DataLoader(num_workers=0)`` epoch takes one to two seconds on a 2-core
+machine; ``--quick`` makes tiny sets whose rates are start-up costs, not a result.  The
+``npy`` set's files are written once into ``--workdir`` (default: a folder in the system's
+temporary folder).  On a shared machine the figures are noisy: each row says how many
+rounds it has, and the JSON keeps each round's other load on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from asyncfeed._bench import userdata
+from asyncfeed._bench.client import RunServer
+from asyncfeed._bench.machine import machine_info
+from asyncfeed._bench.outcome_report import execution_key, markdown, summarise
+
+DL_WORKERS = (0, 2, 4)
+
+
+def _neighbour() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None:
+        proc.kill()
+        proc.wait()
+
+
+def _line(r: dict) -> str:
+    who = "AsyncLoader" if r["family"] == "asyncfeed" else f"DataLoader w={r['workers']}"
+    if not r.get("ok"):
+        return f"{r['dataset']:10} {r['condition']:9} r{r['round']} {who:14} FAILED {r.get('error')}"
+    rates = " ".join(f"{e['rate']:9,.0f}" for e in r["epochs"])
+    ex = f"  {execution_key(r['epochs'][0])} -> {execution_key(r['epochs'][-1])}" \
+        if r["family"] == "asyncfeed" else ""
+    load = r.get("other_load")
+    other = f"  (other load {load:.2f})" if load is not None else ""
+    return f"{r['dataset']:10} {r['condition']:9} r{r['round']} {who:14} {rates}/s{other}{ex}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per data set (5)")
+    ap.add_argument("--datasets", default=",".join(userdata.DATASETS),
+                    help="comma-separated subset of " + ",".join(userdata.DATASETS))
+    ap.add_argument("--epochs", type=int, default=3,
+                    help="AsyncLoader epochs per round (3: the first and two steady)")
+    ap.add_argument("--dl-epochs", type=int, default=2, help="DataLoader epochs per round (2)")
+    ap.add_argument("--neighbour", action="store_true",
+                    help="also run every round beside one busy-looping process")
+    ap.add_argument("--quick", action="store_true", help="tiny data sets: a smoke test")
+    ap.add_argument("--json", help="write every round and the summary here")
+    ap.add_argument("--workdir", help="where generated files live (default: $TMPDIR)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per round's process")
+    args = ap.parse_args()
+    names = [n for n in args.datasets.split(",") if n]
+    unknown = [n for n in names if n not in userdata.DATASETS]
+    if unknown or not names:
+        ap.error(f"unknown data sets {unknown}; known: {', '.join(userdata.DATASETS)}")
+    if args.rounds < 1 or args.epochs < 2 or args.dl_epochs < 1:
+        ap.error("need --rounds >= 1, --epochs >= 2 (a steady state), --dl-epochs >= 1")
+    workdir = os.path.abspath(args.workdir or os.path.join(tempfile.gettempdir(),
+                                                           "asyncfeed-outcome"))
+    os.makedirs(workdir, exist_ok=True)
+    conditions = ["quiet"] + (["neighbour"] if args.neighbour else [])
+    contenders: list[tuple[str, int | None]] = [("dataloader", w) for w in DL_WORKERS]
+    contenders.append(("asyncfeed", None))
+    # SIGTERM (and SIGINT, which a shell ignores in background jobs) end the run through
+    # its ``finally``: the neighbour is killed and the fork server closed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.time()
+    info = machine_info()
+    rundir = tempfile.mkdtemp(prefix="asyncfeed-outcome-runs-")
+    rounds: list[dict[str, Any]] = []
+    server = RunServer(rundir)
+    try:
+        for name in names:
+            userdata.build(name, quick=args.quick, workdir=workdir)  # write its files once
+            for n in range(args.rounds):
+                for condition in conditions:
+                    order = contenders if n % 2 == 0 else contenders[::-1]
+                    for family, workers in order:
+                        spec = {"entry": "outcome_round", "dataset": name, "quick": args.quick,
+                                "workdir": workdir, "family": family, "workers": workers,
+                                "epochs": args.epochs if family == "asyncfeed"
+                                else args.dl_epochs}
+                        neighbour = _neighbour() if condition == "neighbour" else None
+                        try:
+                            out = server.run(spec, timeout=args.timeout, pss_interval=3600,
+                                             rss_interval=0.5)
+                        finally:
+                            _stop(neighbour)
+                        r = {"dataset": name, "condition": condition, "round": n,
+                             "family": family, "workers": workers, "ok": bool(out.get("ok")),
+                             "epochs": out.get("epochs", []), "cpu_s": out.get("cpu_s"),
+                             "build_s": out.get("build_s"), "other_load": out.get("other_load"),
+                             "error": out.get("error"), "log_tail": out.get("log_tail"),
+                             "neighbour_pid": neighbour.pid if neighbour else None}
+                        rounds.append(r)
+                        print(_line(r), flush=True)
+    finally:
+        server.close()
+        shutil.rmtree(rundir, ignore_errors=True)
+    summaries = []
+    for name in names:
+        for condition in conditions:
+            mine = [r for r in rounds if r["dataset"] == name and r["condition"] == condition]
+            summaries.append({"dataset": name, "condition": condition,
+                              "description": userdata.DATASETS[name].description,
+                              **summarise(mine)})
+    table = markdown(summaries)
+    print()
+    if args.quick:
+        print("--quick: tiny data sets; the ratios are start-up costs, not a result.\n")
+    print(table)
+    print(f"\n{len(rounds)} processes in {time.time() - started:.0f} s; "
+          f"{info.get('cores_usable')} cores, load average at start {info.get('loadavg_start')}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": sys.argv, "settings": vars(args), "machine": info,
+                       "started": started, "rounds": rounds, "summary": summaries,
+                       "table": table}, f, indent=1)
+    if any(not r["ok"] for r in rounds):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The outcome bench's figures: rounds in, per-data-set ratios and a markdown table out.
+
+A *round* is one fresh process running one contender (see :mod:`.outcome_round`):
+``{"dataset", "condition", "round", "family", "workers", "ok", "epochs": [...]}``.
+Per data set and condition (``quiet``, or ``neighbour``: one busy-looping process
+beside the run) :func:`summarise` reports:
+
+* the best DataLoader setting (highest median over rounds) for the first epoch, and
+  for later epochs (their mean per round; the first epoch where a round ran only one);
+* AsyncLoader's first-epoch rate and its steady state (the mean rate of its epochs
+  after the first, on the same loader), each as a ratio to the best DataLoader
+  setting's rate *in the same round* (side by side), median and worst round;
+* the slowest round over the median, for AsyncLoader's first epoch and steady state;
+* the execution chosen in each round (after the first epoch, and after the last)
+  and how many rounds chose the most common one;
+* the median share of the machine's CPU used outside the round's process tree
+  ("other load": other users, and the neighbour where there is one).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter
+from typing import Any, Callable
+
+
+def execution_key(fields: dict[str, Any]) -> str:
+    """A short name for an execution: ``inline``, ``threads(4)``, ``processes(2)``.
+
+    From the ``mode`` and ``count`` fields where the execution had them, else read
+    from its text (``"processes: 2 workers (...)"``, ``"threads: 1 of 4 running
+    (adaptive)"``, ``"threads: 8 (pinned)"``, ``"threads: none running, ..."``)."""
+    mode = fields.get("mode")
+    if mode is not None:
+        count = fields.get("count")
+        return f"{mode}({count})" if count is not None and mode != "inline" else str(mode)
+    text = str(fields.get("execution", ""))
+    m = re.match(r"processes: (\d+)", text)
+    if m:
+        return f"processes({m.group(1)})"
+    if text.startswith("threads: none running"):
+        return "inline"
+    m = re.match(r"threads: (\d+)", text)
+    if m:
+        return f"threads({m.group(1)})"
+    return text.split("(")[0].strip()[:30] or "?"
+
+
+def _first(epochs: list[dict]) -> float:
+    return float(epochs[0]["rate"])
+
+
+def _later(epochs: list[dict]) -> float:
+    """The steady state: the mean rate of the epochs after the first (the first's rate
+    where there is no other)."""
+    rates = [e["rate"] for e in epochs[1:]] or [epochs[0]["rate"]]
+    return sum(rates) / len(rates)
+
+
+def _dl_name(workers: int) -> str:
+    return f"w={workers}"
+
+
+def summarise(rounds: list[dict]) -> dict[str, Any]:
+    """The figures of one data set under one condition (``rounds`` all share both)."""
+    ok = [r for r in rounds if r.get("ok")]
+    failed = [f"{r['family']} {r.get('workers')}: {r.get('error')}" for r in rounds
+              if not r.get("ok")]
+    by_round: dict[int, dict[str, dict]] = {}
+    for r in ok:
+        key = "async" if r["family"] == "asyncfeed" else _dl_name(r["workers"])
+        by_round.setdefault(r["round"], {})[key] = r
+    settings = sorted({k for runs in by_round.values() for k in runs if k != "async"})
+    out: dict[str, Any] = {"rounds": len(by_round), "failed": failed}
+    loads = [r["other_load"] for r in ok if r.get("other_load") is not None]
+    out["other_load_median"] = statistics.median(loads) if loads else None
+
+    def medians(figure: Callable[[list[dict]], float]) -> dict[str, float]:
+        return {s: statistics.median([figure(runs[s]["epochs"])
+                                      for runs in by_round.values() if s in runs])
+                for s in settings}
+
+    def best(meds: dict[str, float]) -> str | None:
+        return max(meds, key=lambda s: meds[s]) if meds else None
+
+    out["dl_first_medians"] = medians(_first)
+    out["dl_later_medians"] = medians(_later)
+    best_first = out["best_dl_first"] = best(out["dl_first_medians"])
+    best_later = out["best_dl_later"] = best(out["dl_later_medians"])
+    af = {n: runs["async"] for n, runs in by_round.items() if "async" in runs}
+    if not af or best_first is None or best_later is None:
+        return out
+    paired_first = [(_first(r["epochs"]), _first(by_round[n][best_first]["epochs"]))
+                    for n, r in af.items() if best_first in by_round[n]]
+    paired_later = [(_later(r["epochs"]), _later(by_round[n][best_later]["epochs"]))
+                    for n, r in af.items() if best_later in by_round[n]]
+    for name, pairs, dl_median in (("first", paired_first, out["dl_first_medians"][best_first]),
+                                   ("steady", paired_later, out["dl_later_medians"][best_later])):
+        if not pairs:
+            continue
+        rates = [a for a, _ in pairs]
+        ratios = [a / b for a, b in pairs]
+        med = statistics.median(rates)
+        out[name] = {"dl_median": dl_median, "median": med, "ratio_median":
+                     statistics.median(ratios), "ratio_worst": min(ratios),
+                     "slowest_over_median": min(rates) / med, "ratios": ratios,
+                     "rates": rates}
+    chosen_first = [execution_key(r["epochs"][0]) for _, r in sorted(af.items())]
+    chosen_last = [execution_key(r["epochs"][-1]) for _, r in sorted(af.items())]
+    top, count = Counter(chosen_first).most_common(1)[0]
+    out["executions"] = {"after_first_epoch": chosen_first, "after_last_epoch": chosen_last,
+                         "most_common": top, "most_common_rounds": count,
+                         "changed_after_first_epoch": sum(a != b for a, b in
+                                                          zip(chosen_first, chosen_last))}
+    return out
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}/s"
+
+
+def markdown(summaries: list[dict[str, Any]]) -> str:
+    """The table: one row per data set and condition, then each round's executions.
+
+    ``summaries``: ``{"dataset", "condition", **summarise(...)}`` dicts."""
+    head = ("| data set | neighbour | best DataLoader, 1st epoch | AsyncLoader 1st epoch "
+            "| ratio median (worst) | best DataLoader, later | AsyncLoader steady "
+            "| ratio median (worst) | slowest/median 1st, steady | execution: most common "
+            "(rounds) | other load |")
+    lines = [head, "|" + " --- |" * 11]
+    notes = []
+    for s in summaries:
+        f, st, ex = s.get("first"), s.get("steady"), s.get("executions")
+        cells = [s["dataset"], "yes" if s["condition"] == "neighbour" else "no"]
+        if f is None or st is None or ex is None:
+            cells += ["no AsyncLoader/DataLoader pair"] + ["-"] * 8
+        else:
+            cells += [
+                f"{s['best_dl_first']} {_rate(f['dl_median'])}", _rate(f["median"]),
+                f"**{f['ratio_median']:.2f}x** ({f['ratio_worst']:.2f}x)",
+                f"{s['best_dl_later']} {_rate(st['dl_median'])}", _rate(st["median"]),
+                f"**{st['ratio_median']:.2f}x** ({st['ratio_worst']:.2f}x)",
+                f"{f['slowest_over_median']:.2f}, {st['slowest_over_median']:.2f}",
+                f"{ex['most_common']} ({ex['most_common_rounds']}/{len(ex['after_first_epoch'])})",
+                "-" if s.get("other_load_median") is None else f"{s['other_load_median']:.2f}",
+            ]
+            changed = (f"; after the last epoch: {', '.join(ex['after_last_epoch'])}"
+                       if ex["changed_after_first_epoch"] else "")
+            notes.append(f"- {s['dataset']} ({s['condition']}): "
+                         f"{', '.join(ex['after_first_epoch'])}{changed}")
+        if s.get("failed"):
+            notes.append(f"- {s['dataset']} ({s['condition']}) FAILED rounds: "
+                         + "; ".join(s["failed"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", "Execution chosen per round (after the first epoch):", ""] + notes
+    return "\n".join(lines)
