@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 import warnings
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import IterableDataset, Sampler
 
 from asyncfeed import AsyncLoader, StateError
+from asyncfeed._engine.processes import EXECUTIONS
 from support.datasets import Ids, ids
 
 pytestmark = [pytest.mark.timeout(60),
@@ -350,8 +352,10 @@ def test_the_datasets_own_state_is_saved_and_restored(name, in_pass):
     fresh = WithEpoch()
     resumed = LOADERS[name](fresh, batch_size=4)
     resumed.load_state_dict(state)
-    if name == "StatefulDataLoader":
-        iter(resumed)                              # it restores the dataset at iter()
+    if name == "StatefulDataLoader" or in_pass:
+        # restored at iter(); AsyncLoader restores a mid-pass state's once the
+        # resumed pass's sampler has started, between passes at load_state_dict
+        iter(resumed)
     assert fresh.counter == 7
     _close(resumed)
 
@@ -477,3 +481,270 @@ def test_a_v1_mid_stream_iterable_state_is_refused_with_a_reason():
     with AsyncLoader(Counting(10), batch_size=4) as loader, \
             pytest.raises(StateError, match="version 1"):
         loader.load_state_dict(state)
+
+
+# ------------------------------------- 4. the cases of torchdata's own state tests
+# (test/stateful_dataloader/test_state_dict.py; each scenario rewritten here, run on
+# both loaders, AsyncLoader on every execution)
+EXECUTIONS_RUN = [e for e in EXECUTIONS if e != "auto"]
+
+
+def _loaders(execution: str) -> dict:
+    return {"StatefulDataLoader": LOADERS["StatefulDataLoader"],
+            "AsyncLoader": lambda ds, **kw: AsyncLoader(ds, num_threads=2, prefetch=3,
+                                                        execution=execution, **kw)}
+
+
+def _cases() -> list:
+    return [pytest.param("StatefulDataLoader", "threads", id="StatefulDataLoader")] + [
+        pytest.param("AsyncLoader", e, id=f"AsyncLoader-{e}") for e in EXECUTIONS_RUN]
+
+
+class Records(torch.utils.data.Dataset):
+    """Map-style: dict samples; its own state is the global RNG's (as torchdata's
+    ``DummyMapDataset``), so loading it moves the RNG a sampler may draw from."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"id": i, "name": f"row_{i}", "near": [i, i + 1]}
+
+    def state_dict(self):
+        return {"g": torch.get_rng_state()}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["g"])
+
+
+def _ids_of(batches) -> list:
+    return [b["id"].tolist() for b in batches]
+
+
+@pytest.mark.parametrize("name, execution", _cases())
+@pytest.mark.parametrize("sampler_cls", [torch.utils.data.RandomSampler,
+                                         torch.utils.data.SequentialSampler],
+                         ids=["random", "sequential"])
+@pytest.mark.parametrize("stop", [10, 50, 80])
+def test_a_sampler_without_state_resumes_by_replaying_its_order(name, execution, sampler_cls,
+                                                                stop):
+    """A sampler with no ``state_dict`` (RandomSampler drawing its seed from the global
+    RNG): with the global RNG seeded alike, break + resume gives the uninterrupted run."""
+    make = _loaders(execution)[name]
+
+    def loader():
+        ds = Records(100)
+        return make(ds, batch_size=1, sampler=sampler_cls(ds))
+
+    torch.manual_seed(0)
+    first = loader()
+    got = []
+    for i, b in enumerate(first):
+        got.append(b)
+        if i == stop:
+            break
+    state = copy.deepcopy(first.state_dict())
+    _close(first)
+    torch.manual_seed(0)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    got += list(resumed)
+    _close(resumed)
+    torch.manual_seed(0)
+    whole = loader()
+    full = list(whole)
+    _close(whole)
+    assert str(got) == str(full)
+
+
+class RngIterator:
+    """An iterator with its own state that draws from the global RNG (its state holds
+    the RNG's), as torchdata's ``DummyIterator`` does."""
+
+    def __init__(self, samples: list[int]) -> None:
+        self.samples, self.i = samples, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= len(self.samples):
+            raise StopIteration
+        self.i += 1
+        return self.samples[int(torch.randint(len(self.samples), (1,)).item())]
+
+    def state_dict(self):
+        return {"nest": {"i": self.i, "g": torch.get_rng_state()}}
+
+    def load_state_dict(self, state):
+        self.i = state["nest"]["i"]
+        torch.set_rng_state(state["nest"]["g"])
+
+
+class RngStream(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return RngIterator(list(range(self.n)))
+
+
+@pytest.mark.parametrize("name, execution", _cases())
+@pytest.mark.parametrize("bs", [None, 4])
+def test_an_iterable_state_taken_at_the_end_of_an_epoch_resumes_the_next(name, execution,
+                                                                         bs):
+    make = _loaders(execution)[name]
+    ds = RngStream(137)
+    g = torch.Generator().manual_seed(4)
+    first = make(ds, batch_size=bs, generator=g, collate_fn=lambda x: x)
+    list(first)
+    state = copy.deepcopy(first.state_dict())
+    expected = list(first)
+    _close(first)
+    g.manual_seed(4)
+    torch.manual_seed(99)     # another process: another global RNG
+    resumed = make(ds, batch_size=bs, generator=g, collate_fn=lambda x: x)
+    resumed.load_state_dict(state)
+    got = list(resumed)
+    _close(resumed)
+    assert got == expected
+
+
+class Ranged(IterableDataset):
+    """An iterable that is its own iterator, set up by ``__iter__`` (a range
+    ``[start, end)`` and a cursor): its ``load_state_dict`` sets the cursor, so it
+    must be called after ``iter()``."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.iter_calls = n, 0
+        self.cur = self.end = 0
+
+    def __iter__(self):
+        self.iter_calls += 1
+        self.cur, self.end = 0, self.n
+        return self
+
+    def __next__(self):
+        if self.cur >= self.end:
+            raise StopIteration
+        self.cur += 1
+        return self.cur - 1
+
+    def state_dict(self):
+        return {"cur": self.cur, "end": self.end, "iter_calls": self.iter_calls}
+
+    def load_state_dict(self, state):
+        self.cur, self.end = state["cur"], state["end"]
+
+
+@pytest.mark.parametrize("name, execution", _cases())
+def test_an_iterables_state_is_loaded_after_its_iterator_is_made(name, execution):
+    make = _loaders(execution)[name]
+    ds = Ranged(100)
+    first = make(ds, collate_fn=lambda x: x)
+    it = iter(first)
+    got = [x for _ in range(70) for x in next(it)]
+    state = plain(first.state_dict())
+    _close(first)
+    resumed = make(ds, collate_fn=lambda x: x)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    got += [x for _ in range(30) for x in next(it)]
+    _close(resumed)
+    assert sorted(got) == list(range(100))
+
+
+class SlowFirst(torch.utils.data.Dataset):
+    """Sample 0 takes a while: later samples overtake it with ``in_order=False``."""
+
+    def __init__(self, n: int = 10, slow: float = 0.5) -> None:
+        self.n, self.slow = n, slow
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == 0:
+            time.sleep(self.slow)
+        return i
+
+
+@pytest.mark.parametrize("execution", EXECUTIONS_RUN)
+def test_out_of_order_with_a_checkpoint_delivers_each_sample_once(execution):
+    """(StatefulDataLoader reorders only with worker processes: no oracle here.)"""
+    make = _loaders(execution)["AsyncLoader"]
+    first = make(SlowFirst(), in_order=False)
+    got = []
+    for i, b in enumerate(first):
+        got += b.tolist()
+        if i == 3:
+            state = plain(first.state_dict())
+            break
+    _close(first)
+    assert 0 not in got
+    resumed = make(SlowFirst(), in_order=False)
+    resumed.load_state_dict(state)
+    got += [x for b in resumed for x in b.tolist()]
+    _close(resumed)
+    assert sorted(got) == list(range(10)) and got != list(range(10))
+
+
+class Periodic(IterableDataset):
+    """An iterable whose items depend on a state it keeps across items and passes."""
+
+    def __init__(self) -> None:
+        self.state = {0: 0, 1: 0, 2: 0, 3: 0}
+        self.step, self.limit = 0, 100
+
+    def __iter__(self):
+        for _ in range(self.step, self.limit):
+            self.step += 1
+            k = self.step % len(self.state)
+            self.state[k] = 1 - self.state[k]
+            yield self.state[k]
+
+    def state_dict(self):
+        return {"state": dict(self.state), "step": self.step}
+
+    def load_state_dict(self, state):
+        self.state = {int(k): v for k, v in state["state"].items()}
+        self.step = state["step"]
+
+
+@pytest.mark.parametrize("name, execution", _cases())
+@pytest.mark.parametrize("stop", [15, 19])
+def test_a_state_asked_for_right_after_a_resume_says_where_it_stands(name, execution, stop):
+    make = _loaders(execution)[name]
+    first = make(Periodic(), batch_size=1, collate_fn=lambda x: x)
+    it = iter(first)
+    for _ in range(stop):
+        next(it)
+    state = plain(first.state_dict())
+    for _ in range(2):
+        next(it)
+    two_later = plain(first.state_dict())
+    rest = list(it)
+    first.load_state_dict(state)          # the same loader, resumed
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    again = plain(first.state_dict())
+    _close(first)
+    assert _position(again) == _position(two_later)
+    for state in (again, two_later):
+        fresh = make(Periodic(), batch_size=1, collate_fn=lambda x: x)
+        fresh.load_state_dict(state)
+        assert list(fresh) == rest
+        _close(fresh)
+
+
+def _position(state: dict) -> object:
+    """Where a state says the pass stands: AsyncLoader's position fields (the stream
+    snapshot it keeps may be from one chunk earlier or later, as the pulling thread
+    has run ahead: either resumes the same), or StatefulDataLoader's whole state."""
+    if state.get("format") != "asyncfeed.AsyncLoader":
+        return state
+    return (state["epoch"], state["batches_taken"], state["offset"], state["stream"]["items"])

@@ -194,6 +194,8 @@ class IterablePipeline(BatchHandoff):
             t = acct.end(stage, t)
         self.position += len(c.items)
         if c.last:
+            if self.stream is not None:  # where the pass ended: see StreamTracker.ended
+                self.stream.mark(self.position, it)
             with self.cond:
                 self._plan_exhausted()
                 self.submitted -= self.wanted  # credits no chunk will use

@@ -431,7 +431,10 @@ class AsyncLoader(Generic[T_co]):
                                                runtime=runtime, copy=self._copy,
                                                ranks=(self.rank, self.world_size),
                                                stream=tracker)
-            progress = PassProgress(self._epoch, stream_start=tracker.start)
+            # a resumed pass counts on from the batches the state had taken
+            progress = PassProgress(self._epoch, base=resume.batches_taken if resume else 0,
+                                    offset=resume.offset if resume else 0,
+                                    stream_start=tracker.start)
             progress.stream = tracker
             return stream_pipeline, progress
         plan, progress = self._start_plan(resume)
@@ -478,7 +481,9 @@ class AsyncLoader(Generic[T_co]):
             # the rest of the epoch, from the first global position not consumed
             progress = PassProgress(self._epoch, {}, 0, resume.offset, [], resume.carry,
                                     resharded_from=resume.offset)
-            return self._plan.resharded(self._epoch, resume.offset), progress
+            plan = self._plan.resharded(self._epoch, resume.offset)
+            self._load_dataset_state(resume)
+            return plan, progress
         origin = resume.resharded_from
         own_position = sampler is not None and resume.sampler_state is not None and taken
         if own_position:
@@ -491,6 +496,7 @@ class AsyncLoader(Generic[T_co]):
         if not own_position:
             for _ in range(taken):
                 next(plan, None)
+        self._load_dataset_state(resume)
         extra = set(resume.taken_extra)
         if extra:
             plan = _blank_taken(plan, taken, extra)
@@ -498,6 +504,14 @@ class AsyncLoader(Generic[T_co]):
                                 resume.carry, origin,
                                 sampler_state=resume.sampler_state if own_position else None)
         return _snapshotting(plan, sampler, progress, taken), progress
+
+    def _load_dataset_state(self, resume: LoaderState) -> None:
+        """Load a mid-pass state's dataset state, once the resumed pass's plan has
+        started: a sampler drawing its order from the global RNG draws it as in the
+        interrupted pass, before a dataset whose state holds that RNG sets it (the
+        order StatefulDataLoader restores them in)."""
+        if resume.dataset_state is not None and has_state(self.dataset):
+            self.dataset.load_state_dict(resume.dataset_state)
 
     # -------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -532,6 +546,8 @@ class AsyncLoader(Generic[T_co]):
             st.replay = dict(self._predrawn)
         if has_state(self.dataset):
             st.dataset_state = self.dataset.state_dict()
+        if progress is not None and progress.stream is not None:
+            st.stream = progress.stream.ended()
         sampler = self._stateful_sampler()
         if sampler is not None:
             st.sampler_state = sampler.state_dict()
@@ -543,8 +559,9 @@ class AsyncLoader(Generic[T_co]):
         Raises :class:`StateError` for a state of another format or version, data
         set length or batch size (and changes nothing then).  Versions written by
         earlier asyncfeed releases are read.  The dataset's (and sampler's) own
-        state is loaded into them now, a mid-pass stream position at the next
-        ``iter()``.
+        state is loaded into them now; a mid-pass state's at the next ``iter()``
+        (the dataset's once the pass's sampler has started, as StatefulDataLoader
+        does), and a mid-pass stream position too.
         """
         st = LoaderState.from_dict(state)
         n = self._dataset_len()
@@ -565,10 +582,16 @@ class AsyncLoader(Generic[T_co]):
         self._predrawn = None
         self._epoch = st.epoch
         self.set_epoch(self._epoch)
-        if st.dataset_state is not None and has_state(self.dataset):
-            self.dataset.load_state_dict(st.dataset_state)
+        if st.dataset_state is not None and has_state(self.dataset) \
+                and (self._iterable or not st.in_pass):
+            self.dataset.load_state_dict(st.dataset_state)   # mid-pass: see _start_plan
         if self._iterable:
             self._resume = st if st.in_pass else None
+            if not st.in_pass and st.stream is not None and st.stream.get("ended"):
+                caps = self._caps
+                StreamTracker.restore_ended(
+                    lambda: iter(caps.iter_raw() if caps.iter_raw is not None
+                                 else self.dataset), st.stream)
             return
         if not st.in_pass:
             sampler = self._stateful_sampler()

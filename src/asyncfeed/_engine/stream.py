@@ -56,8 +56,21 @@ class StreamTracker:
 
     ``resume``: the ``stream`` entry of a loader state (``items`` pulled by the
     batches handed out; ``at``, ``dataset``, ``iter``: the snapshot taken at
-    stream position ``at``), or None for a pass from the start.
+    stream position ``at``; ``self_iter``: ``iter(dataset)`` was the dataset
+    itself, whose state is then loaded after ``iter()``), or None for a pass
+    from the start.
     """
+
+    @staticmethod
+    def restore_ended(make_iter: Callable[[], Iterator[Any]], ended: dict[str, Any]) -> None:
+        """Load the ``ended`` entry of a state taken between passes (see :meth:`ended`)
+        into a fresh iterator from ``make_iter``, and drop that iterator."""
+        its = ended.get("iter")
+        if its is None:
+            return
+        it = make_iter()
+        if has_state(it):
+            it.load_state_dict(copy.deepcopy(its))  # type: ignore[attr-defined]
 
     def __init__(self, dataset: Any, resume: dict[str, Any] | None = None) -> None:
         self.dataset = dataset
@@ -66,6 +79,7 @@ class StreamTracker:
         self._it_state = False
         self._lock = threading.Lock()
         self._snaps: dict[int, tuple[Any, Any]] = {}
+        self._self_iter = False   # iter(dataset) is the dataset
         self.start = 0
 
     def open(self, make_iter: Callable[[], Iterator[Any]]) -> tuple[Iterator[Any], int]:
@@ -78,14 +92,21 @@ class StreamTracker:
         """
         r = self.resume
         items, at = 0, 0
+        own = r is not None and r.get("dataset") is not None and self._ds_state
+        self_iter = r is not None and bool(r.get("self_iter"))
         if r is not None:
             items = int(r.get("items", 0))
             at = int(r.get("at", 0))
-            if r.get("dataset") is not None and self._ds_state:
+            if own and not self_iter:
                 self.dataset.load_state_dict(copy.deepcopy(r["dataset"]))
-            elif r.get("iter") is None:
+            elif not own and r.get("iter") is None:
                 at = 0   # no snapshot: fast-forward from the start
         it = make_iter()
+        self._self_iter = it is self.dataset
+        if own and self_iter:
+            # a dataset that is its own iterator sets itself up in __iter__: its
+            # state goes in after (as StatefulDataLoader loads an iterator's state)
+            self.dataset.load_state_dict(copy.deepcopy(r["dataset"]))  # type: ignore[index]
         self._it_state = it is not self.dataset and has_state(it)
         if r is not None and r.get("iter") is not None:
             if self._it_state:
@@ -126,6 +147,19 @@ class StreamTracker:
                     if p < at:
                         del self._snaps[p]
 
+    def ended(self) -> dict[str, Any] | None:
+        """The ``stream`` entry of a state taken after the pass ended: the iterator's
+        state where the stream ended (None without one).  A resume loads it into a
+        fresh iterator and drops that iterator (the next pass starts from the
+        beginning), so what the iterator's state restores besides its position (a
+        random generator it draws from) is where the ended pass left it, as
+        StatefulDataLoader restores it."""
+        with self._lock:
+            if not self._it_state or not self._snaps:
+                return None
+            _, its = self._snaps[max(self._snaps)]
+        return {"ended": True, "iter": plain_copy(its)}
+
     def state_at(self, items: int) -> dict[str, Any]:
         """The ``stream`` entry of a state for a pass whose batches handed out end at
         stream position ``items``."""
@@ -136,4 +170,5 @@ class StreamTracker:
                 return {"items": items, "at": 0, "dataset": None, "iter": None}
             at = max(below)
             ds, its = self._snaps[at]
-        return {"items": items, "at": at, "dataset": plain_copy(ds), "iter": plain_copy(its)}
+        return {"items": items, "at": at, "dataset": plain_copy(ds), "iter": plain_copy(its),
+                "self_iter": self._self_iter}
