@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from collections import Counter
 from urllib.parse import unquote
 
 import pytest
@@ -389,6 +390,52 @@ def test_readahead_holds_within_its_byte_budget(image_tree, http_server):
         assert loader.stats().io.readahead_reads == 0
     with pytest.raises(ValueError):
         AsyncLoader(remote, readahead_bytes=-1)
+    remote._source.close()
+
+
+class _Arrivals(Counter):
+    """A server's request counter that also keeps the order requests arrived in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+
+    def __setitem__(self, key, value) -> None:
+        if value:
+            self.order.append(key)
+        super().__setitem__(key, value)
+
+
+@pytest.mark.parametrize("io_concurrency", [1, 3])
+def test_a_read_waiting_for_its_retry_gives_its_place_to_the_reads_behind(
+        image_tree, http_server, io_concurrency):
+    """A 503's backoff sends nothing: while the refused read waits for its retry, the
+    reads queued behind it are sent (with the place held, ``io_concurrency=1`` sent
+    nothing until the retry), and no more than ``io_concurrency`` requests are ever
+    being answered at once.  The batches are the local folder's, in order."""
+    local = ImageFolder(image_tree, 32)
+    remote = ImageFolder(http_server.url, 32, timeout=30, hedge=False,
+                         adaptive_timeout=False, backoff=1.0, max_backoff=1.0)
+    refused = _rel(remote.samples[1][0], http_server.url)
+    http_server.add_fault(refused, "status", status=503, times=1)
+    http_server.latency = 0.01
+    http_server.reset_counts()
+    http_server.requests = arrivals = _Arrivals()
+    with AsyncLoader(remote, batch_size=4, num_threads=2, prefetch=2,
+                     io_concurrency=io_concurrency) as loader:
+        got = list(loader)
+        io = loader.stats().io
+    with AsyncLoader(local, batch_size=4, num_threads=2) as loader:
+        want = list(loader)
+    order = [r for r in arrivals.order if r.endswith(".jpg")]
+    first, retry = [i for i, r in enumerate(order) if r == refused]
+    behind = {r for r in order[first + 1:retry]}
+    assert io.retries == 1 and len(order) == len(remote) + 1
+    assert len(behind) >= len(remote) // 2, (first, retry, order)
+    assert http_server.max_in_flight <= io_concurrency
+    assert len(got) == len(want)
+    for (x, lx), (y, ly) in zip(got, want):
+        assert torch.equal(x, y) and torch.equal(lx, ly)
     remote._source.close()
 
 

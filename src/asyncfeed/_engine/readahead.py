@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._io.backoff import PLACE
+
 __all__ = ["ReadAhead", "ReadAheadStats"]
 
 DEFAULT_CAP = 256 << 20
@@ -107,7 +109,9 @@ class ReadAhead:
         # loop thread
         self._reads: dict[tuple[int, int], _Read] = {}
         self._queue: asyncio.Queue | None = None
-        self._workers: list[asyncio.Task] = []
+        self._workers: set[asyncio.Task] = set()
+        self._places: asyncio.Semaphore | None = None  # reads sending (io_concurrency)
+        self._parked = 0   # reads waiting out a retry's backoff (see _Place)
 
     # -------------------------------------------------------------- consumer
     def __iter__(self) -> "ReadAhead":
@@ -181,23 +185,37 @@ class ReadAhead:
     def _start(self, k: int, indices: list[Any]) -> None:
         if self._queue is None:
             self._queue = asyncio.Queue()
-            self._workers = [asyncio.ensure_future(self._worker())
-                             for _ in range(self._io_concurrency)]
+            self._places = asyncio.Semaphore(self._io_concurrency)
+            for _ in range(self._io_concurrency):
+                self._add_worker()
         for row, idx in enumerate(indices):
             self._reads[(k, row)] = _Read(idx)
             self._queue.put_nowait((k, row))
         self.stats.reads += len(indices)
 
+    def _add_worker(self) -> None:
+        task = asyncio.ensure_future(self._worker())
+        self._workers.add(task)
+        task.add_done_callback(self._workers.discard)
+
     async def _worker(self) -> None:
-        """Run queued reads in plan order until the loop cancels this task."""
-        q = self._queue
-        assert q is not None
+        """Run queued reads in plan order until the loop cancels this task, or until
+        there are more workers than places and parked reads (one added for a read
+        that parked, see :class:`_Place`, ends after the read it took)."""
+        q, places = self._queue, self._places
+        assert q is not None and places is not None
+        place = _Place(self, places)
+        PLACE.set(place)  # this task's context: the source's backoff finds it
         try:
             while True:
+                if len(self._workers) > self._io_concurrency + self._parked:
+                    self._workers.discard(asyncio.current_task())
+                    return
                 key = await q.get()
                 r = self._reads.get(key)
                 if r is None:
                     continue
+                await place.take()
                 t0 = time.perf_counter()
                 try:
                     raw = await self._fetch(r.idx)
@@ -220,11 +238,14 @@ class ReadAhead:
                         self._held += size
                         if self._held > self.stats.peak_bytes:
                             self.stats.peak_bytes = self._held
+                place.give_back()
                 if r.waiter is not None:
                     self._hand(key, r, size)
                 del r, key  # an idle worker must not keep the last raw bytes alive
         except asyncio.CancelledError:
             return
+        finally:
+            place.give_back()
 
     def deliver(self, b: Any, on_raw: Callable[[Any, int, Any, Any], None],
                 on_error: Callable[[Any, int, Any, BaseException], None]) -> None:
@@ -257,6 +278,49 @@ class ReadAhead:
             on_error(b, key[1], r.idx, error)
         else:
             on_raw(b, key[1], r.idx, raw)
+
+
+class _Place:
+    """A worker's place among the ``io_concurrency`` reads sending (the semaphore).
+
+    A read that waits out a retry's backoff (``asyncfeed._io.backoff``) sends
+    nothing: it leaves its place, and a worker is added so that the next queued
+    read starts meanwhile; before its retry it waits for a place again, so no more
+    than ``io_concurrency`` reads send at once.  With a place held through the
+    backoff, every refused read (a 503: 20 ms, then 0.1-0.2 s of backoff) kept a
+    place idle for ten times a read's latency, and a tenth of reads refused
+    halved the reads a 20 ms store could serve.
+    """
+
+    __slots__ = ("ra", "places", "held", "parked")
+
+    def __init__(self, ra: ReadAhead, places: asyncio.Semaphore) -> None:
+        self.ra, self.places = ra, places
+        self.held = self.parked = False
+
+    async def take(self) -> None:
+        await self.places.acquire()
+        self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.places.release()
+
+    def leave(self) -> None:
+        if not self.held:
+            return
+        self.give_back()
+        self.parked = True
+        self.ra._parked += 1
+        self.ra._add_worker()
+
+    async def back(self) -> None:
+        if not self.parked:
+            return
+        self.parked = False
+        self.ra._parked -= 1
+        await self.take()
 
 
 def _size(raw: Any) -> int:

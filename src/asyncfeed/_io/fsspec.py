@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Coroutine
 from urllib.parse import unquote
 
 from .._optional import require
+from .backoff import backoff
 from .cache import DiskCache, MemoryCache
 from .conn import LoopConn, close_conn_soon, open_conn
 from .._errors import (RemoteReadError, RemoteTimeoutError, SizeMismatch, classify,
@@ -329,7 +330,7 @@ class FsspecSource:
                 kind = classify(e)
                 if kind != "transient" or attempt > self.retries:
                     raise self._final_error(url, e, kind, attempt) from e
-                await asyncio.sleep(self._delay(attempt, e))
+                await backoff(self._delay(attempt, e))   # out of its place in flight
 
     def _delay(self, attempt: int, e: BaseException) -> float:
         cap = min(self.max_backoff, self.backoff * (2 ** (attempt - 1)))
