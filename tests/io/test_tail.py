@@ -439,6 +439,44 @@ def test_a_read_waiting_for_its_retry_gives_its_place_to_the_reads_behind(
     remote._source.close()
 
 
+class _HeldFirstRead:
+    """Reads on the event loop; the read of sample 0 takes ``hold`` seconds.  Records
+    which samples were decoded by the time that read returned."""
+
+    def __init__(self, n: int = 40, hold: float = 1.0) -> None:
+        self.n, self.hold = n, hold
+        self.decoded: set[int] = set()
+        self.decoded_during_hold: set[int] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        raise AssertionError("read through fetch")
+
+    async def fetch(self, i: int) -> bytes:
+        if i == 0:
+            await asyncio.sleep(self.hold)
+            self.decoded_during_hold = set(self.decoded)
+        return bytes(16)
+
+    def decode(self, raw: bytes, i: int):
+        self.decoded.add(i)
+        return torch.full((4,), float(i))
+
+
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_the_batches_behind_a_held_read_are_decoded_twice_prefetch_deep(prefetch):
+    """While the batch the consumer waits for still waits for a read, the decode
+    window is twice ``prefetch``: the batches behind it, whose bytes were read ahead,
+    are decoded meanwhile, and no further ones."""
+    ds = _HeldFirstRead()
+    with AsyncLoader(ds, batch_size=4, num_threads=2, prefetch=prefetch) as loader:
+        got = [b[:, 0].tolist() for b in loader]
+    assert sum(got, []) == [float(i) for i in range(40)]
+    assert ds.decoded_during_hold == set(range(1, 4 * 2 * prefetch))
+
+
 def _tail_epochs(remote, local, **kw):
     with AsyncLoader(local, batch_size=4, shuffle=True, seed=3, num_threads=2) as loader:
         want = list(loader)

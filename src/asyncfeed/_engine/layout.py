@@ -36,11 +36,11 @@ def mapped_empty(shape: tuple[int, ...], dtype: torch.dtype | None) -> torch.Ten
 
     A batch buffer outlives the allocations a pass makes around it (decoded images,
     read buffers, thread state), and the pool drops its buffers at the end of every
-    pass.  From the C heap, each pass's buffers land above what the last one left,
-    and the holes they leave are split by smaller allocations before a buffer of
-    their size comes back: the heap grew by ~10-25 KB a pass over 1,000
-    (iterate, one batch, break) cycles of 8x3x64x64 batches, nearly all of it free.
-    A mapping goes back to the system whole when the last tensor over it is freed.
+    pass.  From the C heap, each pass's buffers would land above what the last one
+    left, and the holes they leave are split by smaller allocations before a
+    buffer of their size comes back: the heap grows pass after pass, nearly all
+    of it free (``tests/faults/test_fault_memory.py``).  A mapping goes back to
+    the system whole when the last tensor over it is freed.
     """
     dtype = dtype or torch.get_default_dtype()
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()

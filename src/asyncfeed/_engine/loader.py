@@ -89,7 +89,9 @@ class AsyncLoader(Generic[T_co]):
       otherwise).
     - ``io_concurrency``: reads in flight on the event loop (default 64).
     - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
-      every thread busy, at least 2).  Bounds memory.
+      every thread busy, at least 2).  Bounds memory: twice as many while the
+      batch the consumer waits for still waits for a read on the event loop (no
+      device copy), so a retried read does not leave the threads idle.
     - ``readahead_bytes``: with reads on the event loop, raw reads run ahead of
       the ``prefetch`` batches by this many bytes of compressed data (default
       ``None``: 3 s of the measured read rate, 16 MiB to 256 MiB; ``0``: off), so

@@ -202,10 +202,22 @@ class Pipeline(BatchHandoff):
         order, so later batches do not compete with the first one's rows, and are
         written in place; with one batch ahead, the workers would wait between
         finishing the first batch's rows and the consumer planning the next ones.
+
+        Twice ``prefetch`` while the batch the consumer waits for (in order; no
+        device copy, whose slot ring has ``prefetch`` slots) still waits for a
+        read: a retried read (a 503's backoff) would otherwise hold the decode
+        window full of finished batches and the threads idle, while the raw bytes
+        of the batches behind it are there (see readahead.py).  The window's memory
+        bound is then twice ``prefetch`` batches.
         """
         ahead = self.taken > 0 or self.use_fetch or not self.in_order \
             or (self.stage is not None and self.layouts.decided)
-        return self.prefetch if ahead else 1
+        if not ahead:
+            return 1
+        if self.readahead is not None and self.in_order and self.copy is None \
+                and self.readahead.reading(self.taken):
+            return 2 * self.prefetch
+        return self.prefetch
 
     def _room(self) -> bool:
         return not self.exhausted and self.submitted - self.taken < self._ahead()

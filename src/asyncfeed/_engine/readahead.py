@@ -104,6 +104,7 @@ class ReadAhead:
         self._sizes = 0                  # bytes of finished reads (for the mean)
         self._finished = 0
         self._handed_bytes = 0
+        self._left: dict[int, int] = {}  # reads of item k not finished (see reading)
         self._t0: float | None = None
         self.stats = ReadAheadStats()
         # loop thread
@@ -170,12 +171,18 @@ class ReadAhead:
             with self._lock:
                 self._pending += len(indices)
                 self._undelivered += len(indices)
+                self._left[k] = len(indices)
                 ahead = self._undelivered
             if ahead > self.stats.samples_ahead:
                 self.stats.samples_ahead = ahead
             if not self._call_in_loop(self._start, k, indices):
                 self._closed = True
         return True
+
+    def reading(self, k: int) -> bool:
+        """Whether a read of planned item ``k`` has not finished yet (any thread)."""
+        with self._lock:
+            return k in self._left
 
     def close(self) -> None:
         """Draw no more (any thread); reads already started end with the loop."""
@@ -231,6 +238,9 @@ class ReadAhead:
                     size = _size(raw)
                 r.done = True
                 with self._lock:
+                    left = self._left.pop(key[0], 1) - 1
+                    if left:
+                        self._left[key[0]] = left
                     self._pending -= 1
                     self._finished += 1
                     self._sizes += size
@@ -286,10 +296,10 @@ class _Place:
     A read that waits out a retry's backoff (``asyncfeed._io.backoff``) sends
     nothing: it leaves its place, and a worker is added so that the next queued
     read starts meanwhile; before its retry it waits for a place again, so no more
-    than ``io_concurrency`` reads send at once.  With a place held through the
-    backoff, every refused read (a 503: 20 ms, then 0.1-0.2 s of backoff) kept a
-    place idle for ten times a read's latency, and a tenth of reads refused
-    halved the reads a 20 ms store could serve.
+    than ``io_concurrency`` reads send at once.  A place held through the
+    backoff would sit idle for many times a read's latency (a 503 answers in one
+    latency, its backoff lasts 0.1 s or more), and with a share of reads refused
+    the reads in flight would fall well below ``io_concurrency``.
     """
 
     __slots__ = ("ra", "places", "held", "parked")
