@@ -439,6 +439,30 @@ def test_a_read_waiting_for_its_retry_gives_its_place_to_the_reads_behind(
     remote._source.close()
 
 
+def test_an_s3_read_waiting_for_its_retry_gives_its_place_to_the_reads_behind(
+        image_tree, s3_tree, s3_proxy):
+    """The same over S3: a ``503 SlowDown``'s backoff lets the GETs queued behind the
+    refused one go out before its retry."""
+    remote = ImageFolder(s3_tree, 32, storage_options=s3_options(s3_proxy.url.rstrip("/")),
+                         timeout=30, hedge=False, adaptive_timeout=False, backoff=1.0,
+                         max_backoff=1.0)
+    refused = remote.samples[1][0][len("s3://"):]
+    s3_proxy.throttle(refused, times=1)
+    s3_proxy.reset_counts()
+    with AsyncLoader(remote, batch_size=4, num_threads=2, prefetch=2,
+                     io_concurrency=1) as loader:
+        got = list(loader)
+        io = loader.stats().io
+    gets = [rel for method, rel, _ in s3_proxy.clients if method == "GET"
+            and rel.endswith(".jpg")]
+    first, retry = [i for i, rel in enumerate(gets) if rel == refused]
+    assert io.retries == 1 and sum(len(y) for _, y in got) == len(remote)
+    assert len(set(gets[first + 1:retry])) >= len(remote) // 2, (first, retry)
+    assert s3_proxy.max_in_flight <= 1
+    remote._source.close()
+    _settle()
+
+
 class _HeldFirstRead:
     """Reads on the event loop; the read of sample 0 takes ``hold`` seconds.  Records
     which samples were decoded by the time that read returned."""
