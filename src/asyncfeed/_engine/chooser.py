@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 import time
 import weakref
 from collections.abc import Callable
@@ -93,6 +94,9 @@ class Chooser:
             maxlen=2 * config.like_windows)
         self._since_check = 0
         self._check_wait = config.recheck_windows
+        # the settled choice's own rate, read from its first settled windows (the
+        # duel's windows alternated with other candidates' and ran in a cold pass)
+        self._baseline: list[float] = []
         self._requested: Candidate | None = None
 
     # ------------------------------------------------------------------ passes
@@ -227,8 +231,11 @@ class Chooser:
             self._failed(c)
             return
         log.debug("execution %s -> %s", self.current, c)
-        # a process stage's first replies come after the fork: that window is not used
-        self._warmup = self.config.warmup_windows if c.mode is Mode.PROCESSES else 0
+        # to or from processes, the window after a switch is not used: a process
+        # stage's first replies come after the fork and the refill of its pipeline,
+        # and leaving it, its rows in flight still land
+        self._warmup = self.config.warmup_windows \
+            if Mode.PROCESSES in (c.mode, self.current.mode) else 0
         self.current = c
         self._carried = (0.0, 0, 0, 0.0)
 
@@ -245,21 +252,27 @@ class Chooser:
             self.current = run
 
     def _watch(self, window: Window) -> None:
-        """A settled window: re-check the choice (bounded) when its rate drifted."""
+        """A settled window: re-check the choice (bounded) when its rate drifted from
+        the rate its first settled windows read."""
         d = self.decision
         if d.choice_rate is None:
             return
+        n = 2 * self.config.like_windows
+        if len(self._baseline) < n:
+            self._baseline.append(window.rate)
+            return
+        base = statistics.median(self._baseline)
         self._recent.append(window.rate)
         self._since_check += 1
         if self._since_check < self._check_wait \
-                or not drifted(d.choice_rate, list(self._recent), d.margin, self.config):
+                or not drifted(base, list(self._recent), d.margin, self.config):
             return
         assert self.space is not None
-        log.debug("execution %s drifted from %.0f rows/s: re-checking",
-                  self.current, d.choice_rate)
+        log.debug("execution %s drifted from %.0f rows/s: re-checking", self.current, base)
         self._since_check = 0
         self._check_wait *= 2
         self._recent.clear()
+        self._baseline = []
         self.record.recheck_at.append(len(self.record.windows))
         self._act()
 

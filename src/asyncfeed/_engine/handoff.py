@@ -208,11 +208,11 @@ class BatchHandoff:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise LoaderTimeout(self._timeout_message(k, timeout))
+                if self.taken:  # the consumer waits (or loads) for a batch past its first
+                    self.primed = True
                 # with inline rows, load them here instead of waking a thread for them
                 if self.inline and self._unlocked(self.runtime.pool.run_one):
                     continue
-                if self.taken:
-                    self.primed = True
                 self._awaited = -1 if k is None else k
                 step = min(due, INLINE_LOOK_S if self.inline else 1.0)
                 try:

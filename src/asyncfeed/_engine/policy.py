@@ -13,8 +13,9 @@ training loop gets: when the loader is the bottleneck it is the loader's
 speed, and when the consumer is, every candidate that keeps up reads the
 consumer's rate, so the cheaper one stays.
 
-Two candidates are compared in a *duel*: their windows alternate (A B A B) so
-that a drift of the pass's speed falls on both.  The *noise margin* is the
+Two candidates are compared in a *duel*: their windows alternate (A B A B; in
+blocks, A A B B, where processes are one side) so that a drift of the pass's
+speed falls on both.  The *noise margin* is the
 spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
@@ -390,11 +391,19 @@ class _Replay:
         return self.rival is None and not self.soloing
 
     def next_run(self) -> Candidate:
-        """Which candidate the next window runs (alternating within a duel)."""
+        """Which candidate the next window runs: alternating within a duel, window by
+        window between thread counts and inline (a switch takes effect at the next
+        task); in blocks of ``like_windows`` where processes are one side (a switch
+        refills the workers' pipeline: the chooser does not count the window after
+        it, so blocks keep that cost to one window a block)."""
         if self.soloing:
             return threads(1)
         if self.rival is None:
             return self.choice
+        if Mode.PROCESSES in (self.choice.mode, self.rival.mode):
+            n = self.config.like_windows
+            block = (len(self.mine) + len(self.theirs)) // n
+            return self.choice if block % 2 == 0 else self.rival
         return self.choice if len(self.mine) <= len(self.theirs) else self.rival
 
     def feed(self, w: Window) -> None:
