@@ -12,6 +12,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # the support package (images, servers, oracle)
 
+from support.executions import EXECUTIONS, shm_files, worker_processes  # noqa: E402
+
 
 def _our_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("asyncfeed-") and t.is_alive()]
@@ -32,3 +34,22 @@ def no_leaked_threads():
             break
         time.sleep(0.02)
     assert not left, f"threads leaked by this test: {[t.name for t in left]}"
+
+
+@pytest.fixture(params=EXECUTIONS)
+def execution(request):
+    """Each execution a promise must hold on (``support.executions``): the test runs
+    once per mode, and fails if a worker process or a shared-memory file of a
+    loader outlives it (loaders it dropped are collected first)."""
+    shm_before = shm_files()
+    yield request.param
+    deadline = time.monotonic() + 3.0
+    while True:
+        left = worker_processes()
+        files = shm_files() - shm_before
+        if (not left and not files) or time.monotonic() > deadline:
+            break
+        gc.collect()
+        time.sleep(0.02)
+    assert not left, f"worker processes outlived the test: {left}"
+    assert not files, f"shared-memory files outlived the test: {sorted(files)}"

@@ -44,7 +44,8 @@ import traceback as _traceback
 __all__ = ["AsyncFeedError", "ErrorKind", "LoaderClosedError", "LoaderTimeout",
            "RemoteReadError", "RemoteTimeoutError", "SampleError", "ShardError",
            "SizeMismatch", "StateError", "WorkerCrashedError", "classify", "describe",
-           "is_fatal", "rebuild_error", "status_and_code", "traceback_text"]
+           "is_fatal", "rebuild_error", "set_remote_traceback", "status_and_code",
+           "traceback_text"]
 
 class AsyncFeedError(Exception):
     """Base class of every error asyncfeed raises on its own account."""
@@ -117,10 +118,30 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"
 
 
+#: the attribute holding the traceback text of an exception raised in another process
+#: (see :func:`set_remote_traceback`)
+_REMOTE_TB = "_asyncfeed_remote_traceback"
+
+
 def traceback_text(e: BaseException) -> str:
-    """The frames of ``e``'s traceback and its ``Type: message`` line, as text."""
+    """The frames of ``e``'s traceback and its ``Type: message`` line, as text; for an
+    exception that came from a worker process, the text taken there."""
+    remote = getattr(e, _REMOTE_TB, None)
+    if isinstance(remote, str):
+        return remote
     frames = "".join(_traceback.format_tb(e.__traceback__)) if e.__traceback__ else ""
     return frames + describe(e)
+
+
+def set_remote_traceback(e: BaseException, text: str) -> None:
+    """Give ``e`` (rebuilt from a pickle sent by a worker process, its frames lost)
+    the ``traceback_text`` taken where it was raised, so it reads as it would
+    have read in this process.  Best effort: a type that refuses attributes keeps
+    only its message."""
+    try:
+        setattr(e, _REMOTE_TB, text)
+    except (AttributeError, TypeError):
+        pass
 
 
 def is_fatal(e: BaseException) -> bool:
@@ -162,6 +183,7 @@ def _build(base: type, index: object, source: str | None, cause: BaseException,
     err = cls.__new__(cls)
     try:
         err.__dict__.update(cause.__dict__)   # a user exception's own attributes
+        err.__dict__.pop(_REMOTE_TB, None)    # the text is in the message already
     except (AttributeError, TypeError):
         pass
     if isinstance(cause, OSError) and isinstance(err, OSError):

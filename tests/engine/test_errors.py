@@ -19,9 +19,14 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 import asyncfeed
 from asyncfeed import AsyncFeedError, AsyncLoader, LoaderTimeout, SampleError
 from support.datasets import _drain, chunks, next_or_error
+from support.executions import EXECUTIONS, on
 from support.oracle import assert_same, assert_same_batches
 
 pytestmark = pytest.mark.timeout(60)
+
+#: a folder read in ``__getitem__`` runs on every execution; one read on the event loop
+#: (``io="async"``) runs on threads whatever ``execution`` says
+FOLDER_CASES = [("thread", e) for e in EXECUTIONS] + [("async", "threads")]
 
 
 # ----------------------------------------------------------- a folder of bad files
@@ -90,12 +95,12 @@ def _check_sample_error(e, index: int, name: str, batch: int) -> None:
         assert isinstance(cause, FileNotFoundError), repr(cause)
 
 
-@pytest.mark.parametrize("io", ["thread", "async"])
-def test_raise_at_the_batch_of_each_bad_file(bad_folder, io):
+@pytest.mark.parametrize("io,execution", FOLDER_CASES, indirect=["execution"])
+def test_raise_at_the_batch_of_each_bad_file(bad_folder, io, execution):
     make, oracle = bad_folder
     ds = make(io=io)
     assert len(ds) == N_IMAGES
-    with AsyncLoader(ds, batch_size=2, num_threads=2) as al:
+    with AsyncLoader(ds, batch_size=2, num_threads=2, **on(execution)) as al:
         it = iter(al)
         for k in range(8):                      # batches [0,1] [2,3] ... [12,13] [14]
             out = next_or_error(it)
@@ -109,8 +114,8 @@ def test_raise_at_the_batch_of_each_bad_file(bad_folder, io):
         assert isinstance(next_or_error(it), StopIteration)
 
 
-@pytest.mark.parametrize("io", ["thread", "async"])
-def test_skip_bad_files(bad_folder, io):
+@pytest.mark.parametrize("io,execution", FOLDER_CASES, indirect=["execution"])
+def test_skip_bad_files(bad_folder, io, execution):
     make, oracle = bad_folder
     ds = make(io=io)
     bs, seed = 3, 8
@@ -120,7 +125,7 @@ def test_skip_bad_files(bad_folder, io):
     good = [i for i in order if i not in BAD]
     want = [default_collate([oracle[i] for i in c]) for c in chunks(good, bs)]
     with AsyncLoader(ds, batch_size=bs, shuffle=True, on_error="skip",
-                     generator=torch.Generator().manual_seed(seed)) as al:
+                     generator=torch.Generator().manual_seed(seed), **on(execution)) as al:
         got = list(al)
         skipped = al.stats().skipped
     assert_same_batches(got, want)
@@ -131,6 +136,7 @@ def test_skip_bad_files(bad_folder, io):
         assert s.epoch == 0
     deleted = next(s for s in skipped if s.index == 10)
     assert deleted.error.startswith("FileNotFoundError"), deleted.error
+    assert all("\n" not in s.error for s in skipped), "the reason is one line, as on threads"
 
 
 # -------------------------------------------------- a map-style dataset of ids
@@ -155,9 +161,9 @@ def ids_of(batches) -> list[list[int]]:
     return [b[1].tolist() for b in batches]
 
 
-def test_getitem_error_raise_mode():
+def test_getitem_error_raise_mode(execution):
     ds = Ids(20, bad={5, 6, 17})
-    with AsyncLoader(ds, batch_size=4) as al:
+    with AsyncLoader(ds, batch_size=4, **on(execution)) as al:
         it = iter(al)
         assert next(it)[1].tolist() == [0, 1, 2, 3]
         with pytest.raises(SampleError) as ei:
@@ -176,15 +182,17 @@ def test_getitem_error_raise_mode():
 
 
 @pytest.mark.parametrize("collate_fn", [None, default_collate, lambda b: [s[1] for s in b]])
-@pytest.mark.parametrize("num_threads", [1, 2, 4])
-def test_skip_fills_batches_from_the_next_samples(num_threads, collate_fn):
+@pytest.mark.parametrize("num_threads,execution",
+                         [(1, "threads"), (2, "threads"), (4, "threads")]
+                         + [(2, e) for e in EXECUTIONS if e != "threads"], indirect=["execution"])
+def test_skip_fills_batches_from_the_next_samples(num_threads, collate_fn, execution):
     n, bs, bad = 41, 4, {0, 5, 6, 7, 13, 22, 23, 24, 25, 26, 40}
     ds = Ids(n, bad=bad, slow=True)
     want = chunks([i for i in range(n) if i not in bad], bs)
     runs = []
     for _ in range(2):
         with AsyncLoader(ds, batch_size=bs, on_error="skip", num_threads=num_threads,
-                         prefetch=3, collate_fn=collate_fn) as al:
+                         prefetch=3, collate_fn=collate_fn, **on(execution)) as al:
             got = list(al)
             st = al.stats()
         runs.append(got)
@@ -207,45 +215,47 @@ def test_skip_fills_batches_from_the_next_samples(num_threads, collate_fn):
             assert torch.equal(b[0][:, 0], b[1]) and torch.equal(b[0][:, 1], -b[1])
 
 
-def test_skip_with_shuffle_follows_the_plan_order():
+def test_skip_with_shuffle_follows_the_plan_order(execution):
     n, bs, bad = 30, 4, {2, 3, 11, 19, 29}
     order = [i for b in DataLoader(range(n), batch_size=bs, shuffle=True,
                                    generator=torch.Generator().manual_seed(4))
              for i in b.tolist()]
     with AsyncLoader(Ids(n, bad=bad), batch_size=bs, shuffle=True, on_error="skip",
-                     generator=torch.Generator().manual_seed(4)) as al:
+                     generator=torch.Generator().manual_seed(4), **on(execution)) as al:
         assert ids_of(al) == chunks([i for i in order if i not in bad], bs)
         assert [s.index for s in al.stats().skipped] == [i for i in order if i in bad]
 
 
-def test_skip_with_drop_last():
+def test_skip_with_drop_last(execution):
     n, bs, bad = 23, 4, {1, 6, 7}
     planned = list(range(n // bs * bs))           # DataLoader's plan drops 20, 21, 22
     want = chunks([i for i in planned if i not in bad], bs, drop_last=True)
-    with AsyncLoader(Ids(n, bad=bad), batch_size=bs, drop_last=True, on_error="skip") as al:
+    with AsyncLoader(Ids(n, bad=bad), batch_size=bs, drop_last=True, on_error="skip",
+                     **on(execution)) as al:
         got = ids_of(al)
         assert [s.index for s in al.stats().skipped] == sorted(bad)
     assert got == want
     assert all(len(b) == bs for b in got)
 
 
-def test_skip_everything_yields_nothing():
-    with AsyncLoader(Ids(9, bad=range(9)), batch_size=2, on_error="skip") as al:
+def test_skip_everything_yields_nothing(execution):
+    with AsyncLoader(Ids(9, bad=range(9)), batch_size=2, on_error="skip", **on(execution)) as al:
         assert list(al) == []
         assert len(al.stats().skipped) == 9
 
 
-def test_skip_without_batching():
-    with AsyncLoader(Ids(7, bad={0, 3}), batch_size=None, on_error="skip") as al:
+def test_skip_without_batching(execution):
+    with AsyncLoader(Ids(7, bad={0, 3}), batch_size=None, on_error="skip",
+                     **on(execution)) as al:
         got = [s[1] for s in al]
     assert got == [1, 2, 4, 5, 6]
 
 
-def test_skip_out_of_order_keeps_every_good_sample_once():
+def test_skip_out_of_order_keeps_every_good_sample_once(execution):
     n, bs, bad = 40, 4, {3, 9, 10, 30}
     ds = Ids(n, bad=bad, slow=True)
     with AsyncLoader(ds, batch_size=bs, on_error="skip", in_order=False, num_threads=3,
-                     prefetch=6) as al:
+                     prefetch=6, **on(execution)) as al:
         got = ids_of(al)
         skipped = sorted(s.index for s in al.stats().skipped)
     assert sorted(sum(got, [])) == [i for i in range(n) if i not in bad]
@@ -291,6 +301,96 @@ def test_skip_async_fetch_errors():
         assert isinstance(ei.value.__cause__, ConnectionError)
 
 
+# -------------------------------------- an error reads the same on every execution
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("this exception cannot be printed")
+
+
+class WithFields(Exception):
+    """A user's exception with attributes of its own."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _raise_for(i: int) -> None:
+    if i == 1:
+        raise KeyError(f"no label for {i}")
+    if i == 5:
+        raise FileNotFoundError(2, "No such file or directory", f"/data/{i}.jpg")
+    if i == 9:
+        raise WithFields(f"record {i} is corrupt", code=42)
+    if i == 13:
+        raise Unprintable("x")
+    if i == 17:
+        raise MemoryError(f"cannot allocate sample {i}")
+
+
+class Named:
+    """Samples that fail in several ways, each named by a path."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        _raise_for(i)
+        return torch.tensor([i, -i]), i
+
+    def sample_source(self, i):
+        return f"/data/{i}.jpg"
+
+
+def _what_is_raised(execution: str) -> list[tuple]:
+    out = []
+    with AsyncLoader(Named(), batch_size=4, **on(execution)) as al:
+        for e in _drain(iter(al)):
+            if not isinstance(e, BaseException):
+                continue
+            cause = e.__cause__
+            tb = str(e).split("Original Traceback (most recent call last):\n", 1)[1]
+            frames = [line.strip() for line in tb.splitlines() if line.startswith("    ")]
+            out.append((type(e).__name__, [c.__name__ for c in type(e).__mro__[1:]],
+                        e.index, e.source, e.batch, str(e).split("\n")[0],
+                        type(cause), cause.args, getattr(cause, "code", None),
+                        getattr(cause, "filename", None), frames[-2:], tb.splitlines()[-1]))
+    return out
+
+
+@pytest.mark.parametrize("execution", [e for e in EXECUTIONS if e != "threads"],
+                         indirect=True)
+def test_a_samples_error_reads_as_on_threads(execution):
+    """Type (also a SampleError), index, path, batch, message, cause (its type, args
+    and attributes) and the traceback's last frames (the dataset's own lines) are
+    what the thread execution raises."""
+    want = _what_is_raised("threads")
+    assert [w[2] for w in want] == [1, 5, 9, 13, 17]
+    assert want[0][0] == "KeyError" and want[1][0] == "FileNotFoundError"
+    assert want[2][8] == 42 and want[1][9] == "/data/5.jpg"
+    assert "raise KeyError" in want[0][10][-1], want[0]
+    assert want[3][5].endswith("Unprintable: <str() of the exception raised RuntimeError>")
+    got = _what_is_raised(execution)
+    for g, w in zip(got, want):
+        assert g == w
+    assert len(got) == len(want)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_keyboard_interrupt_and_system_exit_in_getitem_are_never_wrapped(exc, on_error,
+                                                                         execution):
+    with AsyncLoader(Ids(12, bad={6}, exc=exc), batch_size=4, on_error=on_error,
+                     **on(execution)) as al:
+        it = iter(al)
+        assert next(it)[1].tolist() == [0, 1, 2, 3]
+        with pytest.raises(exc) as ei:
+            next(it)
+        assert type(ei.value) is exc, repr(ei.value)
+        assert ei.value.args == ("bad sample 6",)
+        assert al.stats().skipped == []
+
+
 # --------------------------------------------------------------- hangs, timeout
 class Hangs:
     def __init__(self, hang_at: int) -> None:
@@ -306,9 +406,10 @@ class Hangs:
         return torch.tensor([i]), i
 
 
-def test_timeout_raises_loader_timeout():
+def test_timeout_raises_loader_timeout(execution):
+    """(In a worker process the sample stays stuck: closing the loader kills it.)"""
     ds = Hangs(hang_at=3)
-    al = AsyncLoader(ds, batch_size=2, timeout=1, num_threads=2)
+    al = AsyncLoader(ds, batch_size=2, timeout=1, num_threads=2, **on(execution))
     try:
         it = iter(al)
         assert next(it)[1].tolist() == [0, 1]
@@ -350,8 +451,8 @@ class OddShape:
 
 
 @pytest.mark.parametrize("prefetch", [1, 8])
-def test_sample_with_a_different_shape(prefetch):
-    with AsyncLoader(OddShape(odd=9), batch_size=4, prefetch=prefetch) as al:
+def test_sample_with_a_different_shape(prefetch, execution):
+    with AsyncLoader(OddShape(odd=9), batch_size=4, prefetch=prefetch, **on(execution)) as al:
         it = iter(al)
         got = [next(it), next(it)]
         with pytest.raises(AsyncFeedError) as ei:
@@ -364,18 +465,21 @@ def test_sample_with_a_different_shape(prefetch):
     e = ei.value
     msg = str(e)
     assert "batch 2" in msg and "[8, 9, 10, 11]" in msg and "stack" in msg, msg
-    assert isinstance(e.__cause__, RuntimeError)
+    assert isinstance(e, RuntimeError) and type(e.__cause__) is RuntimeError, repr(e)
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        torch.utils.data.default_collate([OddShape(9)[i] for i in (8, 9, 10, 11)])
     dl = list(DataLoader(OddShape(odd=-1), batch_size=4))
     assert_same_batches(got, [dl[0], dl[1], dl[3]])
 
 
-def test_first_sample_with_an_odd_shape_does_not_poison_the_rest():
+def test_first_sample_with_an_odd_shape_does_not_poison_the_rest(execution):
     """Sample 0 is the odd one: only its batch fails, as in DataLoader.
 
     (One decode thread, so sample 0 is deterministically the first one decoded.)
     """
     want = list(DataLoader(OddShape(odd=-1), batch_size=4))
-    with AsyncLoader(OddShape(odd=0), batch_size=4, prefetch=1, num_threads=1) as al:
+    with AsyncLoader(OddShape(odd=0), batch_size=4, prefetch=1, num_threads=1,
+                     **on(execution)) as al:
         it = iter(al)
         with pytest.raises(AsyncFeedError) as ei:
             next(it)
@@ -384,20 +488,28 @@ def test_first_sample_with_an_odd_shape_does_not_poison_the_rest():
     assert_same_batches(got, want[1:])
 
 
-def test_first_sample_with_an_odd_shape_fails_its_batch_even_when_skipping():
+@pytest.mark.parametrize("odd", [0, 9])
+def test_an_odd_shape_fails_its_batch_even_when_skipping(odd, execution):
     """A batch that cannot be stacked is not one sample's fault: even under
-    on_error="skip" it raises (naming the batch), and the pass goes on."""
-    with AsyncLoader(OddShape(odd=0), batch_size=4, prefetch=1, num_threads=1,
-                     on_error="skip") as al:
+    on_error="skip" it raises (naming the batch, DataLoader's RuntimeError), and the
+    pass goes on.  (Sample 9 comes once the layout is known: its batch's other rows
+    are in place already.)"""
+    with AsyncLoader(OddShape(odd=odd), batch_size=4, prefetch=1, num_threads=1,
+                     on_error="skip", **on(execution)) as al:
         it = iter(al)
-        with pytest.raises(AsyncFeedError, match="batch 0"):
+        got = []
+        if odd:
+            got += [next(it)[1].tolist() for _ in range(odd // 4)]
+        with pytest.raises(RuntimeError, match=f"batch {odd // 4}.*stack expects") as ei:
             next(it)
-        got = ids_of(it)
+        assert isinstance(ei.value, AsyncFeedError)
+        got += ids_of(it)
         assert al.stats().skipped == []
-    assert got == chunks(list(range(4, 16)), 4)
+    planned = chunks(list(range(16)), 4)
+    assert got == [b for b in planned if odd not in b]
 
 
-def test_collate_fn_error_names_the_batch_and_continues():
+def test_collate_fn_error_names_the_batch_and_continues(execution):
     class Boom(Exception):
         pass
 
@@ -406,7 +518,7 @@ def test_collate_fn_error_names_the_batch_and_continues():
             raise Boom("cannot collate")
         return batch
 
-    with AsyncLoader(list(range(13)), batch_size=4, collate_fn=collate) as al:
+    with AsyncLoader(list(range(13)), batch_size=4, collate_fn=collate, **on(execution)) as al:
         it = iter(al)
         assert next(it) == [0, 1, 2, 3]
         with pytest.raises(AsyncFeedError) as ei:

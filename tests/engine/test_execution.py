@@ -310,11 +310,66 @@ class Raises:
 
 def test_an_exception_in_a_worker_keeps_its_type_and_traceback():
     with AsyncLoader(Raises(), batch_size=5, execution="processes") as al:
-        with pytest.raises(SampleError) as e:
+        with pytest.raises(KeyError) as e:
             list(al)
-    assert e.value.index == 13
-    assert isinstance(e.value.__cause__, KeyError)
-    assert "in worker process" in str(e.value.__cause__)
+    assert isinstance(e.value, SampleError) and e.value.index == 13
+    assert type(e.value.__cause__) is KeyError and e.value.__cause__.args == ("no label for 13",)
+    tb = str(e.value).split("Original Traceback (most recent call last):\n")[1]
+    assert 'raise KeyError(f"no label for {i}")' in tb and "in __getitem__" in tb, tb
+
+
+class NeedsTwoArgs(Exception):
+    def __init__(self, a: str, b: int) -> None:  # pickle calls cls(*args): args is (msg,)
+        super().__init__(f"{a}/{b}")
+
+
+class HoldsALock(Exception):
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.lock = threading.Lock()  # cannot be pickled
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("this sample cannot be pickled")
+
+
+class FailsOddly:
+    """Sample 3's exception cannot be rebuilt from its pickle, 6's cannot be pickled,
+    9's sample cannot be pickled."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        if i == 3:
+            raise NeedsTwoArgs("bad", 3)
+        if i == 6:
+            raise HoldsALock("bad 6")
+        if i == 9:
+            return Unpicklable()
+        return torch.zeros(2)
+
+
+def test_what_cannot_travel_from_a_worker_is_an_error_naming_the_sample():
+    """An exception that cannot be sent as it is arrives as an AsyncFeedError with
+    its type, message and traceback; a sample that cannot be pickled fails its
+    rows, never the results thread (no hang), and the rest of the pass is loaded."""
+    with AsyncLoader(FailsOddly(), batch_size=1, execution="processes", on_error="skip",
+                     timeout=30) as al:
+        got = list(al)
+        skipped = {s.index: s.error for s in al.stats().skipped}
+    assert sorted(skipped) == [3, 6, 9], skipped
+    assert "NeedsTwoArgs: bad/3" in skipped[3] and "HoldsALock: bad 6" in skipped[6], skipped
+    assert "cannot be pickled" in skipped[9], skipped
+    assert len(got) == 9
+    with AsyncLoader(FailsOddly(), batch_size=3, execution="processes", timeout=30) as al:
+        it = iter(al)
+        next(it)
+        with pytest.raises(SampleError) as e:
+            next(it)
+    assert e.value.index == 3 and "NeedsTwoArgs: bad/3" in str(e.value)
+    assert 'raise NeedsTwoArgs("bad", 3)' in str(e.value), str(e.value)
 
 
 def test_bad_arguments_are_errors_at_construction():

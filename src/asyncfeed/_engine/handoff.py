@@ -22,6 +22,7 @@ from .._memory.device import pin
 from ..protocols import DeviceTransfer
 from .accounting import QUEUE, Accounting
 from .layout import Layout
+from .rowtasks import WRITTEN
 from .runtime import Runtime
 
 if TYPE_CHECKING:
@@ -329,7 +330,7 @@ class BatchHandoff:
         for r, idx in enumerate(b.indices):
             if r in failed:
                 continue
-            if b.mode == "ring" and not b.mismatch:
+            if b.mode == "ring" and (not b.mismatch or b.samples[r] is WRITTEN):
                 assert b.layout is not None and b.bufs is not None  # a ring batch's layout is known
                 out.append((idx, b.layout.row_sample(b.bufs, r)))
             else:

@@ -621,7 +621,7 @@ class Pipeline(BatchHandoff):
                 pass
             else:
                 return layout.assemble(bufs, b.n, own=True)
-        return self.collate(b.samples)
+        return self.collate(rowtasks.restored(b))
 
 
 def sample_source(dataset: Any, idx: Any) -> str | None:

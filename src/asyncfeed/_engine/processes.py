@@ -47,7 +47,6 @@ import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import pickle
-import queue
 import random
 import secrets
 import select
@@ -55,6 +54,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, ContextManager
@@ -62,7 +62,8 @@ from typing import TYPE_CHECKING, Any, ContextManager
 import numpy as np
 import torch
 
-from .._errors import AsyncFeedError, WorkerCrashedError
+from .._errors import (AsyncFeedError, SampleError, WorkerCrashedError, describe,
+                       set_remote_traceback, traceback_text)
 from .._memory.hostpool import buffers_over
 from ..protocols import EpochAware
 from .accounting import DECODE
@@ -78,6 +79,8 @@ log = logging.getLogger("asyncfeed")
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)  # private: may be absent
 _ALIGN = 64
 PARENT_CHECK_S = 1.0   # an idle worker checks this often that the loader's process lives
+STOP_CHECK_S = 0.01   # a busy worker looks this often for the stage's stop between rows
+CLOSE_GRACE_S = 0.5   # close(): the workers' time to leave on their own, before SIGTERM
 QUIET_S = 1.0          # the longest the consumer waits for running tasks before a fork
 QUIET_RETRY_S = 5.0    # ... and, when they did not end, before it tries again
 PROCESS_TASK_S = 0.05  # the work a task sent to a worker aims at (rows_per_process_task)
@@ -417,18 +420,128 @@ def dumps_results(msg: Any) -> memoryview:
     return buf.getbuffer()
 
 
+def _error_payload(e: BaseException) -> tuple[bytes | None, str, list[str]]:
+    """A worker's exception as it travels: the exception pickled (None where it
+    cannot be pickled, or not rebuilt from its pickle), its ``Type: message``, and
+    the traceback texts taken here (its own; for a dataset's own ``SampleError``,
+    its cause's too: the consumer names the sample by that cause, see
+    ``rebuild_error``).  The loader's process rebuilds it with :func:`_rebuild`."""
+    texts = [traceback_text(e)]
+    inner = e.cause if isinstance(e, SampleError) else None
+    if isinstance(inner, BaseException):
+        texts.append(traceback_text(inner))
+    data: bytes | None
+    try:
+        data = bytes(dumps_results(e))
+        pickle.loads(data)  # a type whose __init__ refuses its own args cannot come back
+    except Exception:  # noqa: BLE001 - sent as its text instead
+        data = None
+    return data, describe(e), texts
+
+
+def _rebuild(payload: tuple[bytes | None, str, list[str]]) -> BaseException:
+    """The exception :func:`_error_payload` sent: of its type, with its message,
+    attributes and traceback text (``traceback_text`` gives the worker's), as the
+    consumer would have had it from a thread.  One that could not travel is an
+    :class:`AsyncFeedError` with its ``Type: message``."""
+    data, text, texts = payload
+    e: Any = None
+    if data is not None:
+        try:
+            e = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - e.g. its class exists only in the worker
+            e = None
+    if not isinstance(e, BaseException):
+        e = AsyncFeedError(f"{text} (raised in a worker process; the exception could not "
+                           "be sent to the loader's process as it is)")
+    set_remote_traceback(e, texts[0])
+    inner = e.cause if isinstance(e, SampleError) else None
+    if isinstance(inner, BaseException) and len(texts) > 1:
+        set_remote_traceback(inner, texts[1])
+    return e
+
+
+def _dump_task(task_id: int, worker_id: int, out: list[tuple[int, str, Any]],
+               took: float) -> memoryview:
+    """A task's results pickled (:func:`dumps_results`); a sample that cannot be
+    pickled fails its row (an :class:`AsyncFeedError` naming why), not the worker."""
+    try:
+        return dumps_results((task_id, worker_id, out, took))
+    except Exception:  # noqa: BLE001 - find the rows that cannot go
+        pass
+    sendable = []
+    for row, kind, payload in out:
+        if kind == "s":
+            try:
+                dumps_results(payload)
+            except Exception as e:  # noqa: BLE001
+                err = AsyncFeedError(f"the sample could not be sent from the worker process "
+                                     f"to the loader's ({describe(e)})")
+                sendable.append((row, "e", _error_payload(err)))
+                continue
+        sendable.append((row, kind, payload))
+    return dumps_results((task_id, worker_id, sendable, took))
+
+
+class _Tasks:
+    """A worker's end of its task pipe: the next task, and whether the stage said
+    stop (``None`` sent, or the pipe closed), looked for between rows too."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.ahead: collections.deque[Any] = collections.deque()  # tasks read early
+        self.stopped = False
+        self._looked = time.perf_counter()
+
+    def _read(self) -> Any:
+        try:
+            msg = pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):  # the loader closed its end (or is gone)
+            msg = None
+        if msg is None:
+            self.stopped = True
+        return msg
+
+    def next(self, timeout: float) -> tuple[bool, Any]:
+        """(True, the next task) or (True, None) at the stop; (False, None) when
+        nothing came within ``timeout`` seconds."""
+        if self.stopped:
+            return True, None
+        if self.ahead:
+            return True, self.ahead.popleft()
+        if not self.conn.poll(timeout):
+            return False, None
+        return True, self._read()
+
+    def stop_asked(self) -> bool:
+        """(between rows, at most every ``STOP_CHECK_S``) Whether the stage said stop:
+        a closing loader does not wait for the rows of tasks it has dropped."""
+        now = time.perf_counter()
+        if self.stopped or now - self._looked < STOP_CHECK_S:
+            return self.stopped
+        self._looked = now
+        while not self.stopped and self.conn.poll(0):
+            msg = self._read()
+            if msg is not None:
+                self.ahead.append(msg)
+        return self.stopped
+
+
 def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
                  base_seed: int, tasks: Any, results: Any, owner: int) -> None:
     """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows, forget,
-    epoch)`` in, one ``(task_id, worker_id, out, seconds the rows took)`` back per
-    task; ``None`` ends it.  ``epoch``: an EpochAware dataset's epoch in the
-    loader's process (None otherwise), applied to this copy before its rows.
+    epoch)`` in (pickled, over its own task pipe), one ``(task_id, worker_id, out,
+    seconds the rows took)`` back per task; ``None`` (or the pipe closed) ends it,
+    between two rows too: a task the loader dropped sends nothing back.
+    ``epoch``: an EpochAware dataset's epoch in the loader's process (None
+    otherwise), applied to this copy before its rows.
 
     ``results`` is this worker's own pipe, written synchronously: a worker that dies
     (``os._exit``, a segfault, the OOM killer) between tasks leaves no half-written
     message and holds no lock another worker needs (a shared ``multiprocessing.Queue``
     is written by a feeder thread under a lock shared by every worker: a worker dying
-    mid-write used to leave the others, and so the pass, waiting forever)."""
+    mid-write used to leave the others, and so the pass, waiting forever).  A
+    sample's exception goes back as :func:`_error_payload` makes it."""
     from torch._utils import ExceptionWrapper
     from torch.utils.data._utils import worker as tw
     torch.set_num_threads(1)
@@ -447,10 +560,10 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
             return
     mapped: dict[str, _Rows] = {}
     parent = os.getppid()
+    inbox = _Tasks(tasks)
     while True:
-        try:
-            task = tasks.get(timeout=PARENT_CHECK_S)
-        except queue.Empty:
+        got, task = inbox.next(PARENT_CHECK_S)
+        if not got:
             if os.getppid() != parent:
                 # the loader's process is gone (killed): so is this worker, and
                 # the loader's shared memory with it
@@ -477,18 +590,23 @@ def _worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
         out: list[tuple[int, str, Any]] = []
         t0 = time.perf_counter()
         for row, idx in zip(rows, indices):
+            if inbox.stop_asked():
+                break
             try:
                 sample = dataset[idx]
-            except BaseException:  # noqa: BLE001 - travels to the loader's process
-                out.append((row, "e", ExceptionWrapper(
-                    sys.exc_info(), where=f"in worker process {worker_id}")))
+            except BaseException as e:  # noqa: BLE001 - travels to the loader's process
+                out.append((row, "e", _error_payload(e)))
+                del e
                 continue
             if target is not None and target.write(row, sample):
                 out.append((row, "w", None))
             else:
                 out.append((row, "s", sample))
             del sample
-        results.send_bytes(dumps_results((task_id, worker_id, out, time.perf_counter() - t0)))
+        if inbox.stopped:
+            break
+        results.send_bytes(_dump_task(task_id, worker_id, out, time.perf_counter() - t0))
+        del out
     for r in mapped.values():
         r.close()
 
@@ -538,10 +656,14 @@ class ProcessStage:
         self._closing = False     # no more work is taken
         self._started = False
         self._workers: list[Any] = []
-        self._queues: list[Any] = []
+        self._tasks: list[mp_connection.Connection] = []       # each worker's task pipe
+        self._send_locks: list[threading.Lock] = []
         self._readers: dict[mp_connection.Connection, int] = {}  # result pipe -> worker id
+        # the results thread runs while a pass uses the stage or a worker holds a task
+        # (see _collect); passes using the stage now:
+        self._passes: weakref.WeakSet[Any] = weakref.WeakSet()
         self._collector: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._wake_fds: tuple[int, int] | None = None  # wakes the results thread's poll
         self._ids = itertools.count()
         # task id -> (pipeline, batch, lo, hi, worker or -1 while in the backlog, sent at)
         self._pending: dict[int, tuple[Any, Any, int, int, int, float]] = {}
@@ -581,22 +703,29 @@ class ProcessStage:
             _open.add(self)
             remove_segments()  # of loaders killed with their workers (see there)
             for wid in range(self.num_workers):
-                q = self.ctx.Queue()
+                task_reader, task_writer = self.ctx.Pipe(duplex=False)
                 reader, writer = self.ctx.Pipe(duplex=False)
                 p = self.ctx.Process(target=_worker_main, name=f"asyncfeed-proc-{wid}",
                                      args=(wid, self.num_workers, self.dataset,
-                                           self.worker_init_fn, self.base_seed, q,
-                                           writer, self.owner_pid), daemon=True)
-                p.start()
-                # only the worker holds its pipe's write end: its death reads as EOF
-                # (closed before the next fork, so no later worker inherits it)
-                writer.close()
+                                           self.worker_init_fn, self.base_seed,
+                                           task_reader, writer, self.owner_pid), daemon=True)
+                try:
+                    p.start()
+                finally:
+                    # only the worker holds its results pipe's write end (its death
+                    # reads as EOF) and its task pipe's read end (the loader closing
+                    # its end stops it); closed before the next fork, so no later
+                    # worker inherits them
+                    writer.close()
+                    task_reader.close()
                 self._readers[reader] = wid
-                self._queues.append(q)
+                self._tasks.append(task_writer)
+                self._send_locks.append(threading.Lock())
                 self._workers.append(p)
-            self._collector = threading.Thread(target=self._collect,
-                                               name="asyncfeed-proc-results", daemon=False)
-            self._collector.start()
+            # made after the forks: no worker holds a copy
+            self._wake_fds = os.pipe()
+            for fd in self._wake_fds:
+                os.set_blocking(fd, False)
         return True
 
     def row_cost(self, cost: RowCost | None) -> float | None:
@@ -632,6 +761,8 @@ class ProcessStage:
         with self._lock:
             if not self.usable:
                 return False
+            self._passes.add(p)
+            self._ensure_collector()
             tid = next(self._ids)
             wid = self._free_worker()
             if wid < 0:
@@ -671,12 +802,38 @@ class ProcessStage:
         return rows_per_process_task(n, self.num_workers, self.row_cost(cost))
 
     def _send(self, wid: int, tid: int, task: tuple[Any, ...], forget: list[str]) -> bool:
-        try:
-            epoch = self.dataset.epoch if self._epoch_aware else None
-            self._queues[wid].put((tid, *task, forget, epoch))
-        except (ValueError, OSError):  # the queue was closed under us
-            return False
+        """Write a task to worker ``wid``'s pipe (any thread; one writer at a time).
+        A worker holds at most ``WORKER_DEPTH`` small tasks: the write does not wait
+        for the pipe to drain.  False if the pipe is closed (the stage closing) or
+        the worker is gone."""
+        epoch = self.dataset.epoch if self._epoch_aware else None
+        data = ForkingPickler.dumps((tid, *task, forget, epoch))
+        with self._send_locks[wid]:
+            try:
+                self._tasks[wid].send_bytes(data)
+            except (ValueError, OSError):  # closed under us, or the worker died
+                return False
         return True
+
+    def _ensure_collector(self) -> None:
+        """(under the lock) Start the results thread if it is not running."""
+        if self._collector is None and not self._closed:
+            self._collector = threading.Thread(target=self._collect,
+                                               name="asyncfeed-proc-results", daemon=False)
+            self._collector.start()
+
+    def _idle(self) -> bool:
+        """(under the lock) No pass uses the stage and no worker holds a task."""
+        return not self._passes and not any(self._held) and not self._backlog
+
+    def _wake_collector(self) -> None:
+        """(under the lock) Have the results thread look at the stage's state now,
+        not at the end of its 0.1 s poll (it ends the moment the stage is idle)."""
+        if self._wake_fds is not None:
+            try:
+                os.write(self._wake_fds[1], b"\0")
+            except OSError:  # full: it has been woken already
+                pass
 
     def _dispatch(self) -> None:
         """Send backlog tasks to the workers with room (the results thread, after a
@@ -729,22 +886,38 @@ class ProcessStage:
     # -------------------------------------------------------------- collecting
     def _collect(self) -> None:
         """The results thread: apply each task's results; notice dead workers (at
-        least every 0.1 s, busy or not)."""
+        least every 0.1 s, busy or not).  It runs while a pass uses the stage or a
+        worker still holds a task (of a pass that ended, too: the worker's count of
+        tasks must come back); then it ends, and the next ``submit`` starts it
+        again: a loader between passes keeps its workers, not a thread."""
         # one poll object for the thread's life: multiprocessing.connection.wait builds
         # and registers a selector per call (0.14 ms of this thread's CPU a task)
-        live = {conn.fileno(): conn for conn in self._readers}
+        live = {conn.fileno(): conn for conn, wid in self._readers.items()
+                if wid not in self._dead}
         poller = select.poll()
         for fd in live:
             poller.register(fd, select.POLLIN)
+        with self._lock:
+            wake = self._wake_fds[0] if self._wake_fds is not None else -1
+        if wake >= 0:
+            poller.register(wake, select.POLLIN)
         checked = time.monotonic()
         while not self._closed:
+            with self._lock:
+                if self._idle() or self._closing:
+                    if self._collector is threading.current_thread():
+                        self._collector = None
+                    return
             if time.monotonic() - checked >= 0.1:
                 self._check_workers()
                 checked = time.monotonic()
-            if not live:
-                self._wake.wait(0.1)  # close() sets it: its join does not wait out a nap
-                continue
             for fd, _ in poller.poll(100):
+                if fd == wake:
+                    try:
+                        os.read(wake, 4096)
+                    except OSError:  # drained already
+                        pass
+                    continue
                 conn = live.get(fd)
                 if conn is None:
                     continue
@@ -754,7 +927,15 @@ class ProcessStage:
                     poller.unregister(fd)
                     del live[fd]
                     continue
-                self._handle(msg)
+                except Exception as e:  # noqa: BLE001 - a sample that cannot be unpickled
+                    self._fail_worker(self._readers[conn], AsyncFeedError(
+                        f"the results of worker process {self._readers[conn]} could not be "
+                        f"read: {describe(e)}"))
+                    continue
+                try:
+                    self._handle(msg)
+                except Exception:  # noqa: BLE001 - a bug of ours must not stop this thread
+                    log.exception("asyncfeed: applying a worker's results failed")
                 del msg
 
     def _handle(self, msg: tuple[int, int, Any, float]) -> None:
@@ -819,20 +1000,28 @@ class ProcessStage:
 
     # ----------------------------------------------------------------- closing
     def drop_pipeline(self, p: Pipeline) -> None:
-        """The pass ``p`` is over: results still coming for it are dropped."""
+        """The pass ``p`` is over: results still coming for it are dropped (the
+        results thread ends once the workers have sent back what they hold)."""
         with self._lock:
+            self._passes.discard(p)
             for tid in [t for t, e in self._pending.items() if e[0] is p]:
                 del self._pending[tid]  # a backlog entry without one is skipped
             self._backlog = collections.deque(t for t in self._backlog
                                               if t[0] in self._pending)
+            if self._idle():
+                self._wake_collector()
 
     def close(self) -> None:
         """Stop the workers and the results thread; unlink shared memory.  Idempotent;
         does nothing in another process (a forked child holding a copy).
 
-        The results thread keeps draining while the workers exit (a worker cannot
-        exit while its last results wait in a full pipe); a worker that has not
-        exited after 5 s is terminated, then killed."""
+        Every worker is told to stop (between two rows: the rows of dropped tasks
+        are not run) and its task pipe closed; their results are drained (a worker
+        cannot exit while its last results wait in a full pipe) until they exit,
+        ``CLOSE_GRACE_S`` at most for all of them together; one still running then
+        (a stuck or slow sample) is terminated, then killed, as DataLoader does at
+        its shutdown.  So closing, and the interpreter's exit, wait well under a
+        second for the workers, whatever their samples do."""
         if os.getpid() != self.owner_pid:
             return
         with self._lock:
@@ -841,33 +1030,66 @@ class ProcessStage:
             self._closing = True
             self._pending.clear()
             self._backlog.clear()
-        for q in self._queues:
-            try:
-                q.put(None)
-            except (ValueError, OSError):
-                pass
+            self._passes = weakref.WeakSet()
+            self._wake_collector()
+        for wid, conn in enumerate(self._tasks):
+            with self._send_locks[wid]:
+                try:
+                    conn.send_bytes(pickle.dumps(None))
+                except (ValueError, OSError):  # the worker is gone already
+                    pass
+                conn.close()
+        self._closed = True
+        collector = self._collector
+        if collector is not None and collector is not threading.current_thread():
+            collector.join()  # woken, it ends at once: from here on, this thread reads
+        with self._lock:
+            fds, self._wake_fds = self._wake_fds, None
+        for fd in fds or ():
+            os.close(fd)
+        self._drain_until_exited(time.monotonic() + CLOSE_GRACE_S)
         for w in self._workers:
-            w.join(timeout=5)
             if w.is_alive():
                 w.terminate()
-                w.join(timeout=2)
-            if w.is_alive():  # pragma: no cover - a worker ignoring SIGTERM
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        for w in self._workers:
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
+        for w in self._workers:
+            if w.is_alive():  # a worker ignoring SIGTERM
                 w.kill()
                 w.join(timeout=2)
-        self._closed = True
-        self._wake.set()
-        if self._collector is not None and self._collector is not threading.current_thread():
-            self._collector.join()
-        for q in self._queues:
-            q.cancel_join_thread()
-            q.close()
         for conn in self._readers:
             conn.close()
+        for w in self._workers:
+            try:
+                w.close()  # its sentinel's descriptor
+            except ValueError:  # pragma: no cover - still running after SIGKILL
+                pass
         self.buffers.close()
         _open.discard(self)
 
+    def _drain_until_exited(self, deadline: float) -> None:
+        """(closing, the results thread gone) Read and drop the workers' results
+        until every worker has exited or ``deadline`` (monotonic) has passed."""
+        readers = {conn: wid for conn, wid in self._readers.items() if not conn.closed}
+        while True:
+            running = [w for w in self._workers if w.is_alive()]
+            left = deadline - time.monotonic()
+            if not running or left <= 0:
+                return
+            ready = mp_connection.wait(list(readers) + [w.sentinel for w in running],
+                                       timeout=min(left, 0.05))
+            for obj in ready:
+                if isinstance(obj, mp_connection.Connection):
+                    try:
+                        obj.recv_bytes()
+                    except Exception:  # noqa: BLE001 - EOF: that worker is gone
+                        del readers[obj]
+
 
 def _unwrap(wrapper: Any) -> BaseException:
+    """The exception a worker sent wrapped as DataLoader's workers wrap theirs
+    (``worker_init_fn``'s failure)."""
     try:
         wrapper.reraise()
     except BaseException as e:  # noqa: BLE001
@@ -877,12 +1099,14 @@ def _unwrap(wrapper: Any) -> BaseException:
 
 def _apply(p: Pipeline, b: Batch, lo: int, hi: int, out: list[tuple[int, str, Any]]) -> None:
     """Put a task's results into ``b`` (results thread) and report its rows done."""
-    from .rowtasks import place_sample, rows_done
+    from .rowtasks import WRITTEN, place_sample, rows_done
     if p.stopping:
         return
     for row, kind, payload in out:
-        if kind == "e":
-            p._note_failure(b, row, b.indices[row], _unwrap(payload))
+        if kind == "w":
+            b.samples[row] = WRITTEN  # read back from its row if b is collated after all
+        elif kind == "e":
+            p._note_failure(b, row, b.indices[row], _rebuild(payload))
         elif kind == "s":
             try:
                 place_sample(p, b, row, payload)

@@ -44,6 +44,19 @@ HOLD_GIL_BYTES = 1 << 19
 BULK_ROW_BYTES = 1 << 15
 
 
+class _Written:
+    """The type of :data:`WRITTEN`."""
+
+    def __repr__(self) -> str:
+        return "WRITTEN"
+
+
+#: what ``Batch.samples`` holds for a row a worker process wrote into the batch's
+#: shared-memory buffers itself (its sample never came to this process): read back
+#: from the row (:func:`restored`) when the batch must be collated after all
+WRITTEN = _Written()
+
+
 def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
     """``dst[row] = x`` (same shape and dtype), holding the GIL when the row is small
     and both sides are C-contiguous; byte for byte what NumPy's assignment writes."""
@@ -314,10 +327,11 @@ def write_deferred(p: Pipeline, b: Batch) -> None:
     buffers at once miss the caches, and each copy either holds the GIL or
     hands it over.  Here one thread copies the batch's rows in one go."""
     failed = [r for r, _, _ in b.failures] if b.failures else None
-    if any(s is None for s in b.samples):
+    if any(s is None or s is WRITTEN for s in b.samples):
         # rows a worker process wrote into shared memory itself (a batch split
         # between the stage and the threads): nothing to write for them here
-        failed = (failed or []) + [r for r, s in enumerate(b.samples) if s is None]
+        failed = (failed or []) + [r for r, s in enumerate(b.samples)
+                                   if s is None or s is WRITTEN]
     _write(p, b, 0, b.n, failed, bulk=True)
 
 
@@ -409,6 +423,17 @@ def place_sample(p: Pipeline, b: Batch, row: int, sample: Any) -> None:
             p.layouts.give_up()
     elif not p.layouts.decided:
         p.layouts.offer(sample)
+
+
+def restored(b: Batch) -> list[Any]:
+    """``b.samples`` with the rows a worker process wrote itself (:data:`WRITTEN`)
+    read back from the batch's buffers: what the collate function gets for a ring
+    batch whose samples did not all fit its layout (DataLoader's collate then
+    raises its own error for them, or collates them as it would have)."""
+    if b.layout is None or b.bufs is None:
+        return b.samples
+    return [b.layout.row_sample(b.bufs, r) if s is WRITTEN else s
+            for r, s in enumerate(b.samples)]
 
 
 def rows_done(p: Pipeline, b: Batch, lo: int, hi: int) -> None:
