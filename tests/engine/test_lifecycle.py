@@ -539,20 +539,26 @@ def test_interpreter_exit_without_close(kind, how, code, execution):
 
 EXIT_SCRIPT = textwrap.dedent("""
     import sys, threading, time, torch
-    from asyncfeed import AsyncLoader
+    from asyncfeed import AsyncLoader, LoaderTimeout
 
     class Data:
         def __len__(self):
             return 100000
         def __getitem__(self, i):
-            if sys.argv[1] == "stuck" and i >= 4:
+            if sys.argv[1] != "slow" and i >= 4:
                 threading.Event().wait()    # never returns
             time.sleep(0.02 if i < 4 else 1.5)  # slow, once the first batch is out
             return torch.zeros(3), i
 
-    loader = AsyncLoader(Data(), batch_size=4, num_threads=2, execution=sys.argv[2])
+    loader = AsyncLoader(Data(), batch_size=4, num_threads=2, execution=sys.argv[2],
+                         timeout=1 if sys.argv[1] == "timeout" else 0)
     it = iter(loader)
     next(it)
+    if sys.argv[1] == "timeout":
+        try:
+            next(it)
+        except LoaderTimeout:
+            pass
     time.sleep(0.3)   # the next samples are in flight
     print("end", time.time(), flush=True)
 """)
@@ -596,11 +602,12 @@ def exit_delays(*argvs: list[str]) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("sample", ["slow", "stuck"])
+@pytest.mark.parametrize("sample", ["slow", "stuck", "timeout"])
 def test_exit_within_two_seconds_with_slow_or_stuck_samples_in_flight(sample, execution):
     """The interpreter exits within 2 s of the script's end (not after the samples in
     flight: a worker process still in one is killed, as DataLoader kills its
-    workers), with the script's own status and nothing on stderr.  Measured beside
+    workers), with the script's own status and nothing on stderr; so it does after
+    a ``LoaderTimeout`` on a stuck sample.  Measured beside
     a script that only imports torch and asyncfeed, run at the same time: the
     interpreter's own teardown (a second or more on a loaded machine) is not the
     loader's."""

@@ -24,6 +24,7 @@ from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomS
 
 import asyncfeed
 from asyncfeed import AsyncLoader
+from support.executions import EXECUTIONS, on
 from support.oracle import (MixedFixed, Point, TupleFixed, assert_parity, assert_same,
                             assert_same_batches, gen)
 
@@ -79,12 +80,15 @@ def test_matrix_mixed_structures(shuffle, drop_last, batch_size):
     assert got, "no batches"
 
 
-@pytest.mark.parametrize("prefetch", [1, 3])
-@pytest.mark.parametrize("num_threads", [1, 2])
-def test_mixed_structures_through_the_ring(num_threads, prefetch):
+@pytest.mark.parametrize("num_threads,prefetch,execution",
+                         [(1, 1, "threads"), (1, 3, "threads"), (2, 1, "threads"),
+                          (2, 3, "threads")]
+                         + [(2, p, e) for e in EXECUTIONS if e != "threads" for p in (1, 3)],
+                         indirect=["execution"])
+def test_mixed_structures_through_the_ring(num_threads, prefetch, execution):
     """Small prefetch: the layout is known before most batches are submitted."""
     assert_parity(MixedFixed(60), shuffle=True, batch_size=4, num_threads=num_threads,
-                  prefetch=prefetch)
+                  prefetch=prefetch, **on(execution))
 
 
 def test_tuple_samples_become_lists_and_ring_is_used():
@@ -144,7 +148,7 @@ def test_plain_list_dataset():
 # ------------------------------------------------------------------- samplers
 @pytest.mark.parametrize("kind", ["subset_random", "weighted", "list", "sequential",
                                   "random_replacement"])
-def test_custom_sampler(kind):
+def test_custom_sampler(kind, execution):
     ds = MixedFixed(40)
 
     def make(g):
@@ -160,13 +164,13 @@ def test_custom_sampler(kind):
             return {"sampler": SequentialSampler(ds)}
         return {"sampler": RandomSampler(ds, replacement=True, num_samples=50, generator=g)}
 
-    assert_parity(ds, make=make, batch_size=4)
-    assert_parity(ds, make=make, batch_size=4, drop_last=True)
-    assert_parity(ds, make=make, batch_size=None)
+    assert_parity(ds, make=make, batch_size=4, **on(execution))
+    assert_parity(ds, make=make, batch_size=4, drop_last=True, **on(execution))
+    assert_parity(ds, make=make, batch_size=None, **on(execution))
 
 
 @pytest.mark.parametrize("kind", ["lists", "random_batches"])
-def test_custom_batch_sampler(kind):
+def test_custom_batch_sampler(kind, execution):
     ds = MixedFixed(40)
 
     def make(g):
@@ -174,17 +178,18 @@ def test_custom_batch_sampler(kind):
             return {"batch_sampler": [[0, 1, 2], [5], [9, 8, 7, 6], [39, 0]]}
         return {"batch_sampler": BatchSampler(RandomSampler(ds, generator=g), 6, False)}
 
-    assert_parity(ds, make=make)
+    assert_parity(ds, make=make, **on(execution))
 
 
-def test_custom_collate_fn():
+def test_custom_collate_fn(execution):
     def collate(batch):
         return {"n": len(batch), "labels": [s["label"] for s in batch],
                 "img": torch.stack([s["img"] for s in batch]).float().mean(0),
                 "names": tuple(s["name"] for s in batch)}
 
-    assert_parity(MixedFixed(), batch_size=6, shuffle=True, collate_fn=collate)
-    assert_parity(MixedFixed(), batch_size=None, collate_fn=lambda s: (s["label"], s["name"]))
+    assert_parity(MixedFixed(), batch_size=6, shuffle=True, collate_fn=collate, **on(execution))
+    assert_parity(MixedFixed(), batch_size=None, collate_fn=lambda s: (s["label"], s["name"]),
+                  **on(execution))
 
 
 class WithGetitems(TupleFixed):
@@ -250,9 +255,10 @@ def pad_collate(batch):
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_ragged_samples_with_custom_collate(shuffle):
-    assert_parity(Ragged(), batch_size=5, shuffle=shuffle, collate_fn=pad_collate)
-    assert_parity(Ragged(), batch_size=None)
+def test_ragged_samples_with_custom_collate(shuffle, execution):
+    assert_parity(Ragged(), batch_size=5, shuffle=shuffle, collate_fn=pad_collate,
+                  **on(execution))
+    assert_parity(Ragged(), batch_size=None, **on(execution))
 
 
 class VarShape:
@@ -265,19 +271,19 @@ class VarShape:
         return torch.full((i % 3 + 1, 2), float(i)), i
 
 
-def test_variable_shapes_with_batch_size_one():
+def test_variable_shapes_with_batch_size_one(execution):
     """Each batch holds one sample, so default_collate always succeeds."""
-    assert_parity(VarShape(), batch_size=1, shuffle=True)
+    assert_parity(VarShape(), batch_size=1, shuffle=True, **on(execution))
 
 
-def test_variable_shapes_bucketed_by_a_batch_sampler():
+def test_variable_shapes_bucketed_by_a_batch_sampler(execution):
     """A length-bucketing batch sampler: every batch is uniform, batches differ."""
     buckets = [[i for i in range(30) if i % 3 == r] for r in (1, 0, 2)]
     batch_sampler = [b[j:j + 4] for b in buckets for j in range(0, len(b), 4)]
-    assert_parity(VarShape(), batch_sampler=batch_sampler)
+    assert_parity(VarShape(), batch_sampler=batch_sampler, **on(execution))
 
 
-def test_mixed_python_number_types_in_one_field():
+def test_mixed_python_number_types_in_one_field(execution):
     """default_collate promotes [1.0, 2] to float64 and [True, 2] to int64."""
     class Numbers:
         def __len__(self):
@@ -286,15 +292,15 @@ def test_mixed_python_number_types_in_one_field():
         def __getitem__(self, i):
             return torch.zeros(2), (1.0 if i % 5 else 2), (True if i % 7 else 3)
 
-    assert_parity(Numbers(), batch_size=4, prefetch=1)
+    assert_parity(Numbers(), batch_size=4, prefetch=1, **on(execution))
 
 
 # -------------------------------------------------------------- epochs and RNGs
-def test_several_epochs_with_one_generator():
+def test_several_epochs_with_one_generator(execution):
     ds = MixedFixed(30)
     g_a, g_d = gen(7), gen(7)
     dl = DataLoader(ds, batch_size=4, shuffle=True, generator=g_d)
-    with AsyncLoader(ds, batch_size=4, shuffle=True, generator=g_a) as al:
+    with AsyncLoader(ds, batch_size=4, shuffle=True, generator=g_a, **on(execution)) as al:
         firsts = []
         for epoch in range(3):
             got, want = list(al), list(dl)
@@ -318,12 +324,12 @@ def test_global_rng_when_no_generator_is_given():
     assert torch.equal(state_a, state_d), "the global RNG advanced differently"
 
 
-def test_generator_after_a_pass_that_was_cut_short():
+def test_generator_after_a_pass_that_was_cut_short(execution):
     """A ``break`` after the first batch: the next epoch still matches DataLoader."""
     ds = TupleFixed(12)
     g_a, g_d = gen(3), gen(3)
     dl = DataLoader(ds, batch_size=4, shuffle=True, generator=g_d)
-    with AsyncLoader(ds, batch_size=4, shuffle=True, generator=g_a) as al:
+    with AsyncLoader(ds, batch_size=4, shuffle=True, generator=g_a, **on(execution)) as al:
         for got, want in zip(al, dl):
             assert_same(got, want)
             break
@@ -546,9 +552,10 @@ class WithNames:
         return (x, f"s{i}", {"name": f"n{i}", "raw": bytes([i]), "pair": [f"a{i}", i]})
 
 
-@pytest.mark.parametrize("num_threads", [1, 3])
-def test_string_columns_keep_default_collates_containers(num_threads):
+@pytest.mark.parametrize("num_threads,execution", [(1, "threads"), (3, "threads")]
+                         + [(3, e) for e in EXECUTIONS if e != "threads"], indirect=["execution"])
+def test_string_columns_keep_default_collates_containers(num_threads, execution):
     # default_collate gives a tuple of strings under a sequence (its columns come from
     # zip) and a list under a mapping; the ring path must build the same containers
-    got = assert_parity(WithNames(), batch_size=5, num_threads=num_threads)
+    got = assert_parity(WithNames(), batch_size=5, num_threads=num_threads, **on(execution))
     assert isinstance(got[0][1], tuple) and isinstance(got[0][2]["name"], list)

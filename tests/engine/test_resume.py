@@ -17,6 +17,7 @@ from torch.utils.data import DistributedSampler
 from asyncfeed import AsyncLoader, StateError
 from asyncfeed._engine.plan import distributed_indices
 from support.datasets import Ids, ids, make
+from support.executions import EXECUTIONS, on
 
 
 CASES = [
@@ -30,10 +31,14 @@ CASES = [
 
 
 @pytest.mark.parametrize("kw", CASES, ids=[str(c) for c in CASES])
-@pytest.mark.parametrize("stop", [0, 1, 5, 11])
-def test_resume_is_exact(kw, stop):
+@pytest.mark.parametrize("stop,execution", [(0, "threads"), (1, "threads"), (5, "threads"),
+                                            (11, "threads")]
+                         + [(5, e) for e in EXECUTIONS if e != "threads"], indirect=["execution"])
+def test_resume_is_exact(kw, stop, execution):
+    kw = {**kw, **on(execution)}
     torch.manual_seed(0)
-    full = [ids(b) for b in make(kw)]
+    with make(kw) as whole:
+        full = [ids(b) for b in whole]
     torch.manual_seed(0)
     loader = make(kw, prefetch=3)
     it = iter(loader)
@@ -158,12 +163,16 @@ def test_resume_across_set_epoch():
     assert run_two_epochs(0, 6) == full
 
 
-@pytest.mark.parametrize("threads,prefetch,in_order", [(1, 1, True), (2, 2, True), (4, 8, True),
-                                                       (3, 5, False)])
-def test_same_batches_for_any_thread_count(threads, prefetch, in_order):
+@pytest.mark.parametrize("threads,prefetch,in_order,execution",
+                         [(1, 1, True, "threads"), (2, 2, True, "threads"),
+                          (4, 8, True, "threads"), (3, 5, False, "threads")]
+                         + [(2, p, o, e) for e in EXECUTIONS if e != "threads"
+                            for p, o in ((2, True), (5, False))], indirect=["execution"])
+def test_same_batches_for_any_thread_count(threads, prefetch, in_order, execution):
     ref = [ids(b) for b in make(dict(shuffle=True, seed=9))]
-    got = [ids(b) for b in make(dict(shuffle=True, seed=9, in_order=in_order),
-                                num_threads=threads, prefetch=prefetch)]
+    with make(dict(shuffle=True, seed=9, in_order=in_order), num_threads=threads,
+              prefetch=prefetch, **on(execution)) as al:
+        got = [ids(b) for b in al]
     assert (got if in_order else sorted(got)) == (ref if in_order else sorted(ref))
 
 

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from asyncfeed import AsyncLoader, LoaderClosedError
+from support.executions import EXECUTIONS, on
 from support.faults import SRC, Resources, assert_released, rss_mb, run_script, send_signal_when
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
@@ -84,10 +85,13 @@ def test_200_breaks_leave_nothing_and_memory_flat(make):
     assert sorted(got) == [float(i) for i in range(64)]
 
 
-@pytest.mark.parametrize("make", [Rows, AsyncRows], ids=["map", "fetch"])
-def test_close_from_another_thread_wakes_the_consumer(make):
+@pytest.mark.parametrize("make,execution", [(Rows, e) for e in EXECUTIONS]
+                         + [(AsyncRows, "threads")], indirect=["execution"],
+                         ids=[f"map-{e}" for e in EXECUTIONS] + ["fetch"])
+def test_close_from_another_thread_wakes_the_consumer(make, execution):
     before = Resources.snapshot()
-    loader = AsyncLoader(make(n=2000, delay=0.1), batch_size=8, num_threads=2, io_concurrency=8)
+    loader = AsyncLoader(make(n=2000, delay=0.1), batch_size=8, num_threads=2, io_concurrency=8,
+                         **on(execution))
     outcome: list[object] = []
 
     def consume():
@@ -101,9 +105,11 @@ def test_close_from_another_thread_wakes_the_consumer(make):
     t = threading.Thread(target=consume, name="test-consumer")
     t.start()
     time.sleep(0.3)
+    t0 = time.monotonic()
     loader.close()
     t.join(10)
     assert not t.is_alive(), "the consumer hangs after close()"
+    assert time.monotonic() - t0 < 2.0, "close() waited for the samples in flight"
     assert isinstance(outcome[0], LoaderClosedError) and "closed" in str(outcome[0]), outcome
     assert_released(before)
 
