@@ -288,6 +288,10 @@ def test_a_dead_worker_fails_only_what_it_held_the_waiting_tasks_run():
                      execution="processes", on_error="skip", timeout=20) as al:
         got = list(al)
         st = al.stats()
+        deadline = time.monotonic() + 2.0  # the pass is over: so is the results thread
+        while any(t.name == "asyncfeed-proc-results" for t in threading.enumerate()):
+            assert time.monotonic() < deadline, "the results thread outlived the pass"
+            time.sleep(0.01)
     skipped = [s.index for s in st.skipped]
     # it held WORKER_DEPTH tasks of at most half a batch (4 rows) each
     assert 21 in skipped and len(skipped) <= processes.WORKER_DEPTH * 4, skipped

@@ -759,7 +759,7 @@ class ProcessStage:
         at the end of the pass while the other had none (a core idle for several
         tasks' time); held back, they go where a worker is free."""
         with self._lock:
-            if not self.usable:
+            if not self.usable or p.stopping:  # (a pass over: drop_pipeline has run or will)
                 return False
             self._passes.add(p)
             self._ensure_collector()
@@ -945,7 +945,7 @@ class ProcessStage:
             self._fail_worker(wid, _unwrap(out))
             return
         with self._lock:
-            self._held[wid] -= 1
+            self._held[wid] = max(0, self._held[wid] - 1)  # (0 already: marked dead)
             entry = self._pending.pop(tid, None)
         self._dispatch()  # before this task's results: the worker is not kept waiting
         if entry is None:
@@ -973,6 +973,7 @@ class ProcessStage:
     def _fail_worker(self, wid: int, error: BaseException | None, why: str = "") -> None:
         with self._lock:
             self._dead.add(wid)
+            self._held[wid] = 0  # it sends nothing more
             held = [(tid, e) for tid, e in self._pending.items() if e[4] == wid]
             for tid, _ in held:
                 del self._pending[tid]
