@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 import asyncfeed
 from asyncfeed import AsyncFeedError, AsyncLoader, LoaderTimeout, SampleError
 from support.datasets import _drain, chunks, next_or_error
-from support.executions import EXECUTIONS, on
+from support.executions import EXECUTIONS, OFF_THREAD, on
 from support.oracle import assert_same, assert_same_batches
 
 pytestmark = pytest.mark.timeout(60)
@@ -406,6 +406,7 @@ class Hangs:
         return torch.tensor([i]), i
 
 
+@pytest.mark.parametrize("execution", OFF_THREAD, indirect=True)
 def test_timeout_raises_loader_timeout(execution):
     """(In a worker process the sample stays stuck: closing the loader kills it.)"""
     ds = Hangs(hang_at=3)

@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset
 
 import asyncfeed
 from asyncfeed import AsyncFeedError, AsyncLoader, LoaderClosedError
-from support.executions import EXECUTIONS, on
+from support.executions import EXECUTIONS, OFF_THREAD, on
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -602,7 +602,8 @@ def exit_delays(*argvs: list[str]) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("sample", ["slow", "timeout"])
+@pytest.mark.parametrize("sample,execution", [("slow", e) for e in EXECUTIONS]
+                         + [("timeout", e) for e in OFF_THREAD], indirect=["execution"])
 def test_exit_within_two_seconds_with_slow_or_stuck_samples_in_flight(sample, execution):
     """The interpreter exits within 2 s of the script's end (not after the samples in
     flight: a worker process still in one is killed, as DataLoader kills its

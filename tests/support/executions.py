@@ -19,6 +19,10 @@ import psutil
 from asyncfeed._engine import processes
 
 EXECUTIONS: tuple[str, ...] = tuple(e for e in processes.EXECUTIONS if e != "auto")
+#: the executions that load samples off the consumer's thread: only there can a stuck
+#: sample not keep the consumer from a ``LoaderTimeout`` (``"inline"`` loads them in
+#: ``next()`` itself, as DataLoader's ``num_workers=0`` does)
+OFF_THREAD: tuple[str, ...] = tuple(e for e in EXECUTIONS if e != "inline")
 
 
 def on(execution: str) -> dict[str, Any]:
