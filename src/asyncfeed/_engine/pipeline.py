@@ -282,6 +282,11 @@ class Pipeline(BatchHandoff):
                     return
                 self._stage_stopped()
             running = self.gate.limit if self.gate is not None else self.runtime.num_threads
+            if self._chooser is not None and self._chooser.exploring:
+                # while candidates are measured, tasks are cut for the most threads
+                # that may run: a batch queued as one task under one thread would
+                # keep a second thread idle in the window that measures two
+                running = self.runtime.num_threads
             if running <= 1:
                 # one thread (or the consumer, inline): splitting the batch only adds
                 # tasks (a queue hand-off, a report, the bookkeeping and a deferred write)
