@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from asyncfeed import AsyncLoader, SampleError, WorkerCrashedError
 from asyncfeed._engine import processes
-from asyncfeed._engine.policy import Mode, Reason
+from asyncfeed._engine.policy import INLINE, Mode, Reason
 from asyncfeed._engine.policy import processes as processes_n
 from asyncfeed._engine.tasksize import RowCost
 from support.oracle import MixedFixed, TupleFixed, assert_parity, assert_same_batches
@@ -524,3 +524,13 @@ def test_num_workers_sets_the_process_candidates_workers_and_stats_say_so():
         ex = al.stats().execution
     assert (ex.mode, ex.count, ex.reason) == (Mode.PROCESSES, 3, Reason.FIXED), str(ex)
     assert str(ex) == "processes: 3 worker processes (chosen by the loader's arguments)"
+
+
+def test_a_loader_with_a_timeout_never_chooses_inline():
+    """A row the consumer loads itself cannot be timed out: with ``timeout`` set the
+    measured choice leaves inline out (DataLoader's ``num_workers=0`` ignores it too)."""
+    with AsyncLoader(TupleFixed(8), batch_size=4, timeout=5) as al:
+        assert al._chooser.space is not None and not al._chooser.space.inline
+        assert INLINE not in al._chooser.space.rungs()
+    with AsyncLoader(TupleFixed(8), batch_size=4) as al:
+        assert al._chooser.space is not None and al._chooser.space.inline

@@ -77,7 +77,10 @@ class AsyncLoader(Generic[T_co]):
       ``num_workers`` worker processes; a dearer candidate must beat a cheaper one
       by more than the noise measured between like windows (see
       ``docs/architecture.md``).  The choice carries over to later passes and is
-      re-checked when the measured rate drifts.  ``"inline"``, ``"threads"``
+      re-checked when the measured rate drifts.  With ``timeout`` set, ``auto``
+      never chooses inline: a row the consumer loads itself cannot be timed out
+      (nor can it with ``execution="inline"``, as with DataLoader's
+      ``num_workers=0``).  ``"inline"``, ``"threads"``
       (measures the thread count only) and ``"processes"`` fix the mode.  Batches
       are the same whichever runs; ``stats().execution`` (an
       :class:`~asyncfeed.ExecutionReport`) says which ran, the rates measured and
@@ -283,9 +286,12 @@ class AsyncLoader(Generic[T_co]):
         ladder = Space.thread_ladder(cores, self.num_threads)
         start = threads(min(cores, self.num_threads))
         with_processes = execution == "auto" and not self._use_fetch
+        # a timeout bounds the wait for rows loaded elsewhere: rows the consumer loads
+        # itself cannot be timed out (as DataLoader's num_workers=0), so a loader given
+        # one never chooses inline
         return Chooser(Space(ladder=ladder, start=start, cores=cores,
                              process=processes(workers) if with_processes else None,
-                             inline=execution == "auto"))
+                             inline=execution == "auto" and not self.timeout))
 
     @property
     def _use_fetch(self) -> bool:

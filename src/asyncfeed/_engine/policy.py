@@ -22,21 +22,24 @@ dearer candidate (order: inline, then threads by count, then processes) wins
 only where its median rate beats the cheaper one's by more than that margin;
 otherwise the cheaper one stays.  Where the dearer one read faster but inside
 the margin, the duel goes on for another round of windows (up to
-``max_rounds``) before the cheaper one stays.  Signals (the GIL probe, a row's CPU time)
+``max_rounds``) before the cheaper one stays; a rival whose first window reads
+below every window of the choice by more than their spread loses at once.  Signals (the GIL probe, a row's CPU time)
 explain the choice in ``stats()``; they never decide it.
 
 The search, replayed from the record by :func:`decide` (a pure function):
 
-1. *down*: from the start candidate, duel the next cheaper rung of the ladder
-   (half the threads, ..., one thread, inline) while the cheaper one stays;
-2. *up*: if no cheaper rung won, duel the next dearer thread count while the
-   dearer one wins;
+1. *down*: from the start candidate, duel the next cheaper thread count of the
+   ladder (half the threads, ..., one thread) while the cheaper one stays;
+2. *up*: if no cheaper count won, duel the next dearer one while it wins;
 3. *processes*: duel the best so far against the process candidate, unless the
    measured rates leave processes no room: ``min(cores, workers)`` processes
    cannot go faster than that many times one thread's measured rate (one
    thread alone runs the per-sample function at a core's speed), so where the
    best rate is already within the margin of that bound the duel is skipped.
    One thread's rate is measured for this where the down phase did not.
+4. *inline*: where one thread or processes won, duel inline (the consumer
+   loads the rows itself) against it.  Processes come before inline so that
+   rows whose threads do not scale reach processes after one duel.
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where a settled window's rate leaves the
@@ -304,7 +307,7 @@ class _Replay:
     def __init__(self, space: Space, config: PolicyConfig, unavailable: bool) -> None:
         self.space = space
         self.config = config
-        self.rungs = space.rungs()
+        self.rungs = space.ladder  # threads only: inline has a phase of its own
         self.choice = space.start
         self.reason = Reason.ONLY
         self.duels: list[Duel] = []
@@ -315,7 +318,7 @@ class _Replay:
             if unavailable and space.process is not None else None
         self.solo: list[Window] = []   # one thread's windows (the processes bound)
         self.seen: list[Window] = []   # every window so far
-        self.phases = ["down", "up", "processes"]
+        self.phases = ["down", "up", "processes", "inline"]
         self.single_step = False       # a re-check: one duel a phase
         self.tried: set[Candidate] = set()
         self.moved = False             # the current phase moved the choice
@@ -346,7 +349,7 @@ class _Replay:
     def _rival_in(self, phase: str) -> Candidate | None:
         """The next duel of ``phase`` (None: the phase is over)."""
         i = self._rung(self.choice)
-        if phase != "down" and self._keeps_up():
+        if phase in ("up", "processes") and self._keeps_up():
             self.skipped = self.skipped or Reason.CONSUMER
             return None
         if phase in ("down", "up"):
@@ -356,6 +359,14 @@ class _Replay:
             if 0 <= j < len(self.rungs) and self.rungs[j] not in self.tried:
                 return self.rungs[j]
             return None
+        if phase == "inline":
+            # below one thread: dueled where one thread or processes won (had a thread
+            # count above one won, one thread lost to it, and inline would too)
+            if not self.space.inline or INLINE in self.tried or self.choice == INLINE \
+                    or (self.choice.mode is Mode.THREADS and self.choice.count > 1) \
+                    or (self.single_step and self.moved):
+                return None
+            return INLINE
         p = self.process
         if p is None or p in self.tried or self.choice == p:
             return None
@@ -425,10 +436,11 @@ class _Replay:
             return
         n = self.config.like_windows * self.round
         if len(self.mine) < n or len(self.theirs) < n:
-            return
+            if not self._hopeless():
+                return
         duel = judge(self.mine, self.theirs, self.config)
-        if duel.winner == duel.cheap and duel.cheap_rate < duel.dear_rate \
-                and self.round < self.config.max_rounds:
+        if len(self.theirs) >= n and duel.winner == duel.cheap \
+                and duel.cheap_rate < duel.dear_rate and self.round < self.config.max_rounds:
             self.round += 1  # the dearer read faster, inside the noise: measure more
             return
         self.duels.append(duel)
@@ -446,13 +458,24 @@ class _Replay:
             self.moved = False
         self._advance()
 
+    def _hopeless(self) -> bool:
+        """Whether the rival's first window read below every window of the choice by
+        more than their spread: it cannot win, and the duel ends without its
+        second window (a slow candidate's windows are what exploring costs)."""
+        if self.round != 1 or len(self.theirs) != 1 \
+                or len(self.mine) < self.config.like_windows:
+            return False
+        mine = [w.rate for w in self.mine]
+        m = max(self.config.min_margin, _spread(mine))
+        return self.theirs[0].rate * (1 + m) < min(mine)
+
     def start_recheck(self) -> None:
         """Duel the choice with its neighbours again (see the module docstring)."""
         self.tried = set()
         self.single_step = True
         self.moved = False
         self.skipped = Reason.UNAVAILABLE if self.skipped is Reason.UNAVAILABLE else None
-        self.phases = ["down", "up", "processes"]
+        self.phases = ["down", "up", "processes", "inline"]
         self._advance()
 
 
