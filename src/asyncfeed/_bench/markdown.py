@@ -101,6 +101,45 @@ def _md_table(sec: Section) -> list[str]:
     return [head, rule, *rows]
 
 
+_OUTCOME = """\
+## The execution choice on data sets written as users write them
+
+`bench/outcome.py` runs data sets the workloads above do not cover (dict samples
+with a custom `collate_fn`, Python tokenisation, small arrays with a per-sample
+generator, `.npy` files, pure-Python rows, GIL-free hashing, a cost that changes
+mid-epoch: `asyncfeed._bench.userdata`), each contender in a fresh process per
+round: DataLoader with `num_workers` 0, 2 and 4, and AsyncLoader's defaults for
+three epochs on one loader (the first epoch, which pays for measuring the
+candidates, and the steady state of the later ones). Ratios are to the best
+DataLoader setting of the same round; "neighbour" rounds run beside one
+busy-looping process. Raw rounds: [{name}]({name}). Command:
+
+```bash
+{command}
+```
+"""
+
+
+def _outcome_section(json_path: str) -> list[str]:
+    """The outcome bench's table, from ``outcome-<kind>.json`` beside the results JSON
+    (``benchmarks-<kind>.json``), if there is one."""
+    import json
+
+    base = os.path.basename(json_path)
+    kind = base[len("benchmarks-"):] if base.startswith("benchmarks-") else base
+    path = os.path.join(os.path.dirname(json_path), "outcome-" + kind)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        out = json.load(f)
+    args = list(out.get("argv") or [])[1:]
+    if "--json" in args[:-1]:
+        args[args.index("--json") + 1] = os.path.join("docs", os.path.basename(path))
+    command = "PYTHONPATH=src python bench/outcome.py " + shlex.join(args)
+    return [_OUTCOME.format(name=os.path.basename(path), command=command).rstrip(), "",
+            out["table"].rstrip(), ""]
+
+
 def markdown(results: dict, json_path: str) -> str:
     """The whole page for the run in ``results`` (read from ``json_path``; a PNG of the
     same name beside it is linked)."""
@@ -126,5 +165,6 @@ def markdown(results: dict, json_path: str) -> str:
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()),
                   ""]
+    lines += _outcome_section(json_path)
     lines.append(_OUTRO.rstrip())
     return "\n".join(lines) + "\n"
