@@ -104,15 +104,13 @@ def _md_table(sec: Section) -> list[str]:
 _OUTCOME = """\
 ## The execution choice on data sets written as users write them
 
-`bench/outcome.py` runs data sets the workloads above do not cover (dict samples
-with a custom `collate_fn`, Python tokenisation, small arrays with a per-sample
-generator, `.npy` files, pure-Python rows, GIL-free hashing, a cost that changes
-mid-epoch: `asyncfeed._bench.userdata`), each contender in a fresh process per
-round: DataLoader with `num_workers` 0, 2 and 4, and AsyncLoader's defaults for
-three epochs on one loader (the first epoch, which pays for measuring the
-candidates, and the steady state of the later ones). Ratios are to the best
-DataLoader setting of the same round; "neighbour" rounds run beside one
-busy-looping process. Raw rounds: [{name}]({name}). Command:
+`bench/outcome.py` runs data sets the workloads above do not cover (`asyncfeed._bench.userdata`:
+dict samples with a custom `collate_fn`, Python tokenisation, small arrays with a per-sample
+generator, pure-Python rows, GIL-free hashing), each contender in a fresh process per round:
+DataLoader with `num_workers` 0, 2, 4, and AsyncLoader's defaults for three epochs (the first
+pays for measuring the candidates). Ratios are to the best DataLoader setting of the same
+round; "neighbour" rounds run beside a busy-looping process ([{name}]({name}) has every round
+and the execution each chose):
 
 ```bash
 {command}
@@ -136,8 +134,9 @@ def _outcome_section(json_path: str) -> list[str]:
     if "--json" in args[:-1]:
         args[args.index("--json") + 1] = os.path.join("docs", os.path.basename(path))
     command = "PYTHONPATH=src python bench/outcome.py " + shlex.join(args)
+    table = [ln for ln in out["table"].splitlines() if ln.startswith("|")]
     return [_OUTCOME.format(name=os.path.basename(path), command=command).rstrip(), "",
-            out["table"].rstrip(), ""]
+            *table, ""]
 
 
 def markdown(results: dict, json_path: str) -> str:
