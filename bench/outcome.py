@@ -23,6 +23,7 @@ each round with how many rounds chose the most common one.
 
     PYTHONPATH=src python bench/outcome.py                             # 5 rounds, every set
     PYTHONPATH=src python bench/outcome.py --rounds 3 --neighbour --json out.json
+    PYTHONPATH=src python bench/outcome.py --rounds 3 --neighbour --into docs/benchmarks-2core.json
     PYTHONPATH=src python bench/outcome.py --datasets detection,text --epochs 4
     PYTHONPATH=src python bench/outcome.py --quick --rounds 1         # smoke test (seconds)
 
@@ -87,6 +88,10 @@ def main() -> None:
                     help="also run every round beside one busy-looping process")
     ap.add_argument("--quick", action="store_true", help="tiny data sets: a smoke test")
     ap.add_argument("--json", help="write every round and the summary here")
+    ap.add_argument("--into", metavar="BENCH_JSON",
+                    help="also store them under the 'outcome' key of an 'asyncfeed bench "
+                         "--json' file (docs/benchmarks-2core.json: its --markdown page "
+                         "then shows them)")
     ap.add_argument("--workdir", help="where generated files live (default: $TMPDIR)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per round's process")
     args = ap.parse_args()
@@ -152,11 +157,17 @@ def main() -> None:
     print(table)
     print(f"\n{len(rounds)} processes in {time.time() - started:.0f} s; "
           f"{info.get('cores_usable')} cores, load average at start {info.get('loadavg_start')}")
+    result = {"argv": sys.argv, "settings": vars(args), "machine": info,
+              "started": started, "rounds": rounds, "summary": summaries, "table": table}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv, "settings": vars(args), "machine": info,
-                       "started": started, "rounds": rounds, "summary": summaries,
-                       "table": table}, f, indent=1)
+            json.dump(result, f, indent=1)
+    if args.into:  # one results file per machine kind: this run under its "outcome" key
+        with open(args.into) as f:
+            bench = json.load(f)
+        bench["outcome"] = result
+        with open(args.into, "w") as f:
+            json.dump(bench, f, indent=1)
     if any(not r["ok"] for r in rounds):
         sys.exit(1)
 

@@ -109,8 +109,8 @@ dict samples with a custom `collate_fn`, Python tokenisation, small arrays with 
 generator, pure-Python rows, GIL-free hashing), each contender in a fresh process per round:
 DataLoader with `num_workers` 0, 2, 4, and AsyncLoader's defaults for three epochs (the first
 pays for measuring the candidates). Ratios are to the best DataLoader setting of the same
-round; "neighbour" rounds run beside a busy-looping process ([{name}]({name}) has every round
-and the execution each chose):
+round; "neighbour" rounds run beside a busy-looping process (the JSON's `outcome` key has
+every round and the execution each chose):
 
 ```bash
 {command}
@@ -118,25 +118,21 @@ and the execution each chose):
 """
 
 
-def _outcome_section(json_path: str) -> list[str]:
-    """The outcome bench's table, from ``outcome-<kind>.json`` beside the results JSON
-    (``benchmarks-<kind>.json``), if there is one."""
-    import json
-
-    base = os.path.basename(json_path)
-    kind = base[len("benchmarks-"):] if base.startswith("benchmarks-") else base
-    path = os.path.join(os.path.dirname(json_path), "outcome-" + kind)
-    if not os.path.exists(path):
+def _outcome_section(results: dict) -> list[str]:
+    """The outcome bench's table, from the results' ``outcome`` key (``bench/outcome.py
+    --into``), if it has one."""
+    out = results.get("outcome")
+    if not out:
         return []
-    with open(path) as f:
-        out = json.load(f)
-    args = list(out.get("argv") or [])[1:]
-    if "--json" in args[:-1]:
-        args[args.index("--json") + 1] = os.path.join("docs", os.path.basename(path))
-    command = "PYTHONPATH=src python bench/outcome.py " + shlex.join(args)
+    args = [a for a in list(out.get("argv") or [])[1:]]
+    for flag in ("--json", "--into"):
+        if flag in args[:-1]:
+            k = args.index(flag)
+            del args[k:k + 2]
+    command = "PYTHONPATH=src python bench/outcome.py " + shlex.join(
+        args + ["--into", "results.json"])
     table = [ln for ln in out["table"].splitlines() if ln.startswith("|")]
-    return [_OUTCOME.format(name=os.path.basename(path), command=command).rstrip(), "",
-            *table, ""]
+    return [_OUTCOME.format(command=command).rstrip(), "", *table, ""]
 
 
 def markdown(results: dict, json_path: str) -> str:
@@ -164,6 +160,6 @@ def markdown(results: dict, json_path: str) -> str:
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()),
                   ""]
-    lines += _outcome_section(json_path)
+    lines += _outcome_section(results)
     lines.append(_OUTRO.rstrip())
     return "\n".join(lines) + "\n"
