@@ -152,8 +152,17 @@ def test_on_one_core_gil_free_work_never_goes_to_processes():
 
 # --------------------------------------------------------------- the margin
 def _duel(a: Candidate, ra: list[float], b: Candidate, rb: list[float]):
-    return judge([Window(a, round(r * 10), 10.0) for r in ra],
-                 [Window(b, round(r * 10), 10.0) for r in rb], CFG)
+    """Windows of a loader that is the bottleneck: the consumer waited throughout."""
+    return judge([Window(a, round(r * 10), 10.0, 10.0) for r in ra],
+                 [Window(b, round(r * 10), 10.0, 10.0) for r in rb], CFG)
+
+
+def test_a_cheaper_side_that_keeps_up_with_the_consumer_stays():
+    """The consumer never waited for the cheaper side (its pace is the cheaper side's
+    rate): the dearer one reading 8% faster is noise, not a gain."""
+    cheap = [Window(threads(1), 1000, 4.0, 0.0), Window(threads(1), 1000, 4.0, 0.0)]
+    dear = [Window(threads(2), 1080, 4.0, 0.0), Window(threads(2), 1080, 4.0, 0.0)]
+    assert judge(cheap, dear, CFG).winner == threads(1)
 
 
 def test_the_dearer_must_beat_the_cheaper_by_more_than_the_spread_of_like_windows():

@@ -88,6 +88,7 @@ class Chooser:
         # its start) and what earlier passes added to it (seconds, rows, completions):
         # a window spans passes, so that epochs shorter than a window are measured too
         self._w0: tuple[float, int, int, float] | None = None
+        self._opens_after = -1  # a window opens at a completion past this count
         self._carried = (0.0, 0, 0, 0.0)
         self._warmup = config.warmup_windows  # the loader's first windows: threads wake
         self._recent: collections.deque[float] = collections.deque(
@@ -105,6 +106,7 @@ class Chooser:
         candidate on it; its first windows are not used (threads waking)."""
         self._control_ref = weakref.ref(control)
         self._w0 = None
+        self._opens_after = -1
         if not control.apply(self.current):
             self._failed(self.current)
 
@@ -189,7 +191,7 @@ class Chooser:
         w0 = self._w0
         if w0 is None:  # the pass's first completion once primed opens its first window
             self._w0 = (last, rows, events, control.waited()) \
-                if events and control.primed else None
+                if events > max(0, self._opens_after) and control.primed else None
             return self.config.window_s / 4
         if events == w0[2]:
             return self.config.window_s / 4
@@ -231,13 +233,20 @@ class Chooser:
             self._failed(c)
             return
         log.debug("execution %s -> %s", self.current, c)
-        # to or from processes, the window after a switch is not used: a process
-        # stage's first replies come after the fork and the refill of its pipeline,
-        # and leaving it, its rows in flight still land
+        # the window after a switch to or from processes, or to inline, is not used: a
+        # process stage's first replies come after the fork and the refill of its
+        # pipeline, and leaving it, its rows in flight still land; switched to inline
+        # with the credit full, the consumer first takes the ready batches, loading
+        # nothing, while the threads finish the rows they hold
         self._warmup = self.config.warmup_windows \
-            if Mode.PROCESSES in (c.mode, self.current.mode) else 0
+            if Mode.PROCESSES in (c.mode, self.current.mode) or c.mode is Mode.INLINE else 0
         self.current = c
         self._carried = (0.0, 0, 0, 0.0)
+        # the next window opens at the first completion under ``c``: switched to inline
+        # with the credit full, the consumer first takes the ready batches and loads
+        # nothing, and that time is not inline's
+        self._w0 = None
+        self._opens_after = control.completed()[1]
 
     def _failed(self, c: Candidate) -> None:
         """``c`` could not start: count it (``start_attempts`` of them make processes

@@ -119,6 +119,7 @@ class BatchHandoff:
         # ready batches filled the credit (before, the producer fills the credit at
         # its own pace, whatever the consumer takes: no measure of the pass)
         self.primed = False
+        self.waiting_since = 0.0  # perf_counter() when the consumer's wait() began (0: none)
         self._handing: Any = None  # the lock a readying thread waits on until it is taken
         self._taken_hand: Any = None  # ... and, once taken, until the consumer's handed()
         self.submitted = 0          # batches submitted so far (= next k)
@@ -187,6 +188,14 @@ class BatchHandoff:
         LoaderClosedError once the pass was stopped (batches already ready are
         still returned)."""
         deadline = None if not timeout else time.monotonic() + timeout
+        self.waiting_since = time.perf_counter()
+        try:
+            return self._wait(k, deadline, timeout)
+        finally:
+            self.waiting_since = 0.0
+
+    def _wait(self, k: int | None, deadline: float | None, timeout: float | None
+              ) -> Batch | None:
         with self.cond:
             while True:
                 due = self._unlocked(self.tick)

@@ -315,8 +315,10 @@ class Pipeline(BatchHandoff):
         return self.rows_completed, self.completions, self.last_completion
 
     def waited(self) -> float:
-        """The consumer's wait for batches so far (see ``chooser.ExecutionControl``)."""
-        return self.acct.consumer_wait()
+        """The consumer's wait for batches so far, the wait in progress included (see
+        ``chooser.ExecutionControl``; an inline consumer loads rows in it)."""
+        since = self.waiting_since
+        return self.acct.consumer_wait() + (time.perf_counter() - since if since else 0.0)
 
     def count_done(self, rows: int) -> None:
         """``rows`` rows were reported done by one task or reply (call with ``cond``

@@ -14,8 +14,8 @@ speed, and when the consumer is, every candidate that keeps up reads the
 consumer's rate, so the cheaper one stays.
 
 Two candidates are compared in a *duel*: their windows alternate (A B A B; in
-blocks, A A B B, where processes are one side) so that a drift of the pass's
-speed falls on both.  The *noise margin* is the
+blocks, A A B B, where processes or inline are one side) so that a drift of the
+pass's speed falls on both.  The *noise margin* is the
 spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
@@ -23,7 +23,10 @@ only where its median rate beats the cheaper one's by more than that margin;
 otherwise the cheaper one stays.  Where the dearer one read faster but inside
 the margin, the duel goes on for another round of windows (up to
 ``max_rounds``) before the cheaper one stays; a rival whose first window reads
-below every window of the choice by more than their spread loses at once.  Signals (the GIL probe, a row's CPU time)
+below every window of the choice by more than their spread loses at once
+(between thread counts and inline).  A cheaper side that keeps up with the
+consumer (its rate within the margin of the consumer's own pace) stays
+whatever the dearer reads: the consumer takes no more.  Signals (the GIL probe, a row's CPU time)
 explain the choice in ``stats()``; they never decide it.
 
 The search, replayed from the record by :func:`decide` (a pure function):
@@ -297,7 +300,12 @@ def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
     rd = statistics.median(w.rate for w in dear)
     margin = max(config.min_margin, _spread([w.rate for w in cheap]),
                  _spread([w.rate for w in dear]))
-    winner = dear[0].candidate if rd > rc * (1 + margin) else cheap[0].candidate
+    # the cheaper side that keeps up with the consumer (its rate within the margin of
+    # the consumer's own pace) cannot be beaten: the dearer reads faster only by noise
+    ceiling = statistics.median(w.ceiling for w in cheap)
+    keeps_up = ceiling != float("inf") and rc * (1 + margin) >= ceiling
+    winner = dear[0].candidate if rd > rc * (1 + margin) and not keeps_up \
+        else cheap[0].candidate
     return Duel(cheap[0].candidate, dear[0].candidate, rc, rd, margin, winner)
 
 
@@ -403,15 +411,16 @@ class _Replay:
 
     def next_run(self) -> Candidate:
         """Which candidate the next window runs: alternating within a duel, window by
-        window between thread counts and inline (a switch takes effect at the next
-        task); in blocks of ``like_windows`` where processes are one side (a switch
-        refills the workers' pipeline: the chooser does not count the window after
-        it, so blocks keep that cost to one window a block)."""
+        window between thread counts (a switch takes effect at the next task); in
+        blocks of ``like_windows`` where processes or inline are one side (the
+        chooser does not count the window after such a switch: the workers'
+        pipeline refills, or the consumer first takes the ready batches, so blocks
+        keep that cost to one window a block)."""
         if self.soloing:
             return threads(1)
         if self.rival is None:
             return self.choice
-        if Mode.PROCESSES in (self.choice.mode, self.rival.mode):
+        if {Mode.PROCESSES, Mode.INLINE} & {self.choice.mode, self.rival.mode}:
             n = self.config.like_windows
             block = (len(self.mine) + len(self.theirs)) // n
             return self.choice if block % 2 == 0 else self.rival
@@ -461,10 +470,12 @@ class _Replay:
     def _hopeless(self) -> bool:
         """Whether the rival's first window read below every window of the choice by
         more than their spread: it cannot win, and the duel ends without its
-        second window (a slow candidate's windows are what exploring costs)."""
+        second window (a slow candidate's windows are what exploring costs).  Not
+        for processes, whose first windows may still be starting up."""
         if self.round != 1 or len(self.theirs) != 1 \
-                or len(self.mine) < self.config.like_windows:
-            return False
+                or len(self.mine) < self.config.like_windows \
+                or Mode.PROCESSES in (self.choice.mode, self.theirs[0].candidate.mode):
+            return False  # (processes: their start-up can outlast the uncounted window)
         mine = [w.rate for w in self.mine]
         m = max(self.config.min_margin, _spread(mine))
         return self.theirs[0].rate * (1 + m) < min(mine)
