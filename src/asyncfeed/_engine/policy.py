@@ -26,8 +26,8 @@ the margin, the duel goes on for another round of windows (up to
 below every window of the choice by more than their spread loses at once
 (between thread counts and inline).  A cheaper side that keeps up with the
 consumer (its rate within the margin of the consumer's own pace) stays
-whatever the dearer reads: the consumer takes no more.  Signals (the GIL probe, a row's CPU time)
-explain the choice in ``stats()``; they never decide it.
+whatever the dearer reads: the consumer takes no more.  Signals (the GIL
+probe, a row's CPU time) explain the choice in ``stats()``; they never decide.
 
 The search, replayed from the record by :func:`decide` (a pure function):
 
@@ -45,11 +45,12 @@ The search, replayed from the record by :func:`decide` (a pure function):
    rows whose threads do not scale reach processes after one duel.
 
 Then the choice is *settled*: later windows, and later passes of the same
-loader, run it without exploring.  Where a settled window's rate leaves the
-band the duel's margin allows by more than twice the margin, the choice is
-*re-checked* with its neighbours (one rung each way, and processes); the
-re-check waits ``recheck_windows`` windows after the last and doubles that
-wait each time it keeps the choice, so its cost stays bounded.
+loader, run it without exploring.  Where the median of recent windows leaves
+the rate of its first settled windows by more than twice the duel's margin
+(:func:`drifted`, read by the chooser), the choice is *re-checked* with its
+neighbours (one rung each way, processes, inline); re-checks wait
+``recheck_windows`` windows after the last and double that wait each time, so
+their cost stays bounded.
 
 Nothing here depends on the core count: the ladder is derived from it, the
 bound scales with it, the margin is measured.
