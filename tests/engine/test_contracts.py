@@ -262,3 +262,23 @@ def test_what_docs_import_from_asyncfeed_is_exported():
             for name in (n.strip() for n in names.split(",")):
                 if name:
                     assert name in asyncfeed.__all__, f"{path.name} imports {name}"
+
+
+def test_the_memory_and_io_layers_import_nothing_from_the_engine():
+    """``_memory`` and ``_io`` sit below ``_engine``: they import nothing from it
+    (sample layouts live in ``_memory``, where both can use them)."""
+    import ast
+    from pathlib import Path
+    pkg = Path(asyncfeed.__file__).parent
+    offenders = []
+    for layer in ("_memory", "_io"):
+        for path in sorted((pkg / layer).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    name = "." * node.level + (node.module or "")
+                    if "_engine" in name:
+                        offenders.append(f"{layer}/{path.name}: from {name} import ...")
+                elif isinstance(node, ast.Import):
+                    offenders += [f"{layer}/{path.name}: import {a.name}" for a in node.names
+                                  if "_engine" in a.name]
+    assert not offenders, offenders

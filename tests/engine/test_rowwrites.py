@@ -24,7 +24,7 @@ import torch
 from asyncfeed import AsyncLoader
 from asyncfeed._engine import rowtasks
 from asyncfeed._engine.tasksize import Gate
-from asyncfeed._engine.layout import Layout, _Leaf
+from asyncfeed._memory.layout import Layout, _Leaf
 from asyncfeed._engine.rowtasks import BULK_ROW_BYTES, FlatWriter
 from asyncfeed._engine.taskpool import TaskPool
 from support.buffers import assert_same_buffers, zeroed_pair

@@ -22,7 +22,7 @@ import torch
 from asyncfeed import AsyncLoader
 from asyncfeed._memory import device as _device
 from asyncfeed._memory.device import CopyStream, map_tensors, resolve_device, resolve_pin
-from asyncfeed._engine.layout import Layout
+from asyncfeed._memory.layout import Layout
 from asyncfeed._memory.slots import SlotRing, fill_poison, poison_from_env
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")

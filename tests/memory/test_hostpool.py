@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 import asyncfeed
 from asyncfeed import AsyncLoader
 from asyncfeed._memory.hostpool import HostBufferPool, reuse_supported
-from asyncfeed._engine.layout import Layout
+from asyncfeed._memory.layout import Layout
 from support.oracle import MixedFixed, TupleFixed, assert_same, gen
 
 pytestmark = [pytest.mark.timeout(60),

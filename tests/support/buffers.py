@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from asyncfeed._engine.layout import Layout
+from asyncfeed._memory.layout import Layout
 
 
 def zeroed_pair(layout: Layout, rows: int) -> tuple[list[Any], list[Any]]:

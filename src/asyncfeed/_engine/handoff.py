@@ -21,7 +21,7 @@ from .._errors import LoaderClosedError, LoaderTimeout
 from .._memory.device import pin
 from ..protocols import DeviceTransfer
 from .accounting import QUEUE, Accounting
-from .layout import Layout
+from .._memory.layout import Layout
 from .rowtasks import WRITTEN
 from .runtime import Runtime
 

@@ -39,7 +39,7 @@ from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
 from .capabilities import Capabilities
 from .chooser import Chooser
 from .handoff import BatchHandoff, BatchMemory, PassConfig
-from .layout import Layout, LayoutMismatch
+from .._memory.layout import Layout, LayoutMismatch
 from .readahead import ReadAhead
 from .policy import Candidate, Mode
 from .runtime import Runtime

@@ -67,7 +67,7 @@ from .._errors import (AsyncFeedError, SampleError, WorkerCrashedError, describe
 from .._memory.hostpool import buffers_over
 from ..protocols import EpochAware
 from .accounting import DECODE
-from .layout import _PY_SCALARS, Layout, LayoutMismatch
+from .._memory.layout import _PY_SCALARS, Layout, LayoutMismatch
 from .exithooks import OpenSet
 from .tasksize import RowCost
 

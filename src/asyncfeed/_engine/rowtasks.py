@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .accounting import ASSEMBLE, DECODE
-from .layout import _PY_SCALARS, Layout, LayoutMismatch, _Leaf
+from .._memory.layout import _PY_SCALARS, Layout, LayoutMismatch, _Leaf
 
 log = logging.getLogger("asyncfeed")
 

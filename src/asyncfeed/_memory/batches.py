@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._engine.layout import Layout
+from .layout import Layout
 from .hostpool import HostBufferPool
 from .slots import SlotRing
 

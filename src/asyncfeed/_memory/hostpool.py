@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._engine.layout import Layout
+from .layout import Layout
 
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)  # private: may be absent
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .._engine.layout import Layout
+from .layout import Layout
 
 DEFAULT_POISON = 0xA5
 
