@@ -274,3 +274,24 @@ class RandomResizedCropDecoder:
         return (f"RandomResizedCropDecoder(size={self.size}, scale={c.scale}, ratio={c.ratio}, "
                 f"hflip={c.hflip}, interpolation={self.interpolation!r}, seed={self.seed}, "
                 f"epoch={self.epoch})")
+
+
+def training_decoder(train: bool, size: int | None, *, scale: tuple[float, float] | None,
+                     ratio: tuple[float, float] | None, hflip: float | None,
+                     seed: int | None, interpolation: Interpolation,
+                     max_pixels: MaxPixels) -> RandomResizedCropDecoder | None:
+    """The decoder ``train=True`` asks for (None without it), from the keywords a
+    dataset takes.  TypeError for augmentation keywords without ``train``;
+    ValueError for ``train`` without a ``size`` (the crops are resized to it)."""
+    if not train:
+        if (scale, ratio, hflip, seed) != (None, None, None, None):
+            raise TypeError("scale, ratio, hflip and seed configure the training "
+                            "augmentation: pass them with train=True")
+        return None
+    if size is None:
+        raise ValueError("train=True needs a size (the crops are resized to it)")
+    given = {k: v for k, v in (("scale", scale), ("ratio", ratio), ("hflip", hflip))
+             if v is not None}
+    return RandomResizedCropDecoder(size, RandomResizedCrop(**given),  # type: ignore[arg-type]
+                                    interpolation=interpolation, max_pixels=max_pixels,
+                                    seed=seed)

@@ -14,7 +14,7 @@ from .._errors import SampleError
 from .._io.hedge import CountsReads, ReadStats
 from .._io.local import SLOW_READ_S, LocalSource
 from ..protocols import Decoder, DecoderInto, Source
-from .augment import RandomResizedCrop, RandomResizedCropDecoder
+from .augment import RandomResizedCropDecoder, training_decoder
 from .decoder import ImageDecoder
 from .image import Interpolation, MaxPixels, check_interpolation, check_size, pixel_limit
 
@@ -101,22 +101,15 @@ class ImageFolder:
         self.root = os.fspath(root)
         pixel_limit(max_pixels)  # ValueError now for a bad value
         self.train = bool(train)
-        self._augment: RandomResizedCropDecoder | None = None
         self._epoch = 0
-        if not train and (scale, ratio, hflip, seed) != (None, None, None, None):
-            raise TypeError("scale, ratio, hflip and seed configure the training "
-                            "augmentation: pass them with train=True")
+        if train and decoder is not None:
+            raise TypeError("train=True configures the default decoder; with decoder=, "
+                            "do the augmentation in your decoder")
+        self._augment = training_decoder(train, size, scale=scale, ratio=ratio, hflip=hflip,
+                                         seed=seed, interpolation=interpolation,
+                                         max_pixels=max_pixels)
         if train:
-            if decoder is not None:
-                raise TypeError("train=True configures the default decoder; with decoder=, "
-                                "do the augmentation in your decoder")
-            if size is None:
-                raise ValueError("train=True needs a size (the crops are resized to it)")
-            given = {k: v for k, v in (("scale", scale), ("ratio", ratio), ("hflip", hflip))
-                     if v is not None}
-            crop = RandomResizedCrop(**given)  # type: ignore[arg-type]
-            self._augment = RandomResizedCropDecoder(
-                size, crop, interpolation=interpolation, max_pixels=max_pixels, seed=seed)
+            pass  # the augmentation decodes
         elif decoder is None:
             decoder = ImageDecoder(size, interpolation, max_pixels=max_pixels)
         elif size != 224 or interpolation != "area" or max_pixels != "pillow":

@@ -56,7 +56,7 @@ import torch
 
 from .._errors import SampleError, ShardError
 from .._optional import require
-from .augment import RandomResizedCrop, RandomResizedCropDecoder
+from .augment import training_decoder
 from .image import Interpolation, MaxPixels, decode_image, pixel_limit
 
 __all__ = ["ImageLabelDecoder", "WebDatasetShards", "expand_braces", "group_samples",
@@ -288,19 +288,10 @@ class ImageLabelDecoder:
         pixel_limit(max_pixels)
         self.max_pixels: MaxPixels = max_pixels
         self.train = bool(train)
-        self._augment: RandomResizedCropDecoder | None = None
         self._epoch = 0
-        if not train and (scale, ratio, hflip, seed) != (None, None, None, None):
-            raise TypeError("scale, ratio, hflip and seed configure the training "
-                            "augmentation: pass them with train=True")
-        if train:
-            if size is None:
-                raise ValueError("train=True needs a size (the crops are resized to it)")
-            given = {k: v for k, v in (("scale", scale), ("ratio", ratio), ("hflip", hflip))
-                     if v is not None}
-            self._augment = RandomResizedCropDecoder(
-                size, RandomResizedCrop(**given),  # type: ignore[arg-type]
-                interpolation=interpolation, max_pixels=max_pixels, seed=seed)
+        self._augment = training_decoder(train, size, scale=scale, ratio=ratio, hflip=hflip,
+                                         seed=seed, interpolation=interpolation,
+                                         max_pixels=max_pixels)
 
     @property
     def epoch(self) -> int:
