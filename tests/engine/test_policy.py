@@ -393,3 +393,53 @@ def test_the_report_is_data_and_its_str_a_sentence():
     text = str(r)
     assert text.startswith("processes: 2 worker processes (measured faster"), text
     assert "2 worker processes: 1,800 rows/s" in text, text
+
+
+# ------------------------------------------------------- what exploring costs
+def test_a_block_duel_starts_with_the_rival_when_the_choice_was_just_measured():
+    """After the thread duel (A B A B), the choice's windows of that duel are its
+    first block against processes: the next window runs processes.  (Windows in
+    which the consumer only waited: the loader is the bottleneck.)"""
+    sp = space(2)
+    rec = Record([Window(c, 100, 0.1, 0.1) for c in (threads(2), threads(1)) * 2])
+    d = decide(rec, sp)
+    assert d.choice == threads(1) and d.run == processes(2), d
+    rec.windows += [Window(processes(2), 190, 0.1, 0.1), Window(processes(2), 192, 0.1, 0.1)]
+    d = decide(rec, sp)  # processes won: the inline duel starts with inline
+    assert d.choice == processes(2) and d.run == INLINE, d
+
+
+def test_a_block_duel_measures_the_choice_first_when_its_windows_are_old():
+    """At a re-check the choice's windows of the first search are old: the re-check
+    measures the incumbent again before its rival (the pass may have changed)."""
+    sp = space(2)
+    rec, _ = run(sp, gil_bound(2))
+    assert decide(rec, sp).choice == processes(2)
+    rec.recheck_at.append(len(rec.windows))
+    assert decide(rec, sp).run == processes(2)
+
+
+def test_an_inline_window_far_below_the_processes_ends_its_duel_at_once():
+    sp = space(2)
+    rec = Record([Window(c, 100, 0.1, 0.1) for c in (threads(2), threads(1)) * 2]
+                 + [Window(processes(2), 190, 0.1, 0.1), Window(processes(2), 192, 0.1, 0.1),
+                    Window(INLINE, 101, 0.1, 0.1)])
+    d = decide(rec, sp)
+    assert d.settled and d.choice == processes(2), d
+    assert d.duels[-1].cheap == INLINE and d.duels[-1].winner == processes(2)
+
+
+def test_a_first_processes_window_far_below_the_threads_does_not_end_its_duel():
+    """Processes may still be starting in their first counted window."""
+    sp = space(2)
+    rec = Record([Window(c, 100, 0.1, 0.1) for c in (threads(2), threads(1)) * 2]
+                 + [Window(processes(2), 20, 0.1, 0.1)])
+    d = decide(rec, sp)
+    assert not d.settled and d.run == processes(2), d
+
+
+def test_a_window_spans_four_of_the_interpreters_gil_switch_intervals(monkeypatch):
+    import sys
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.002)
+    assert PolicyConfig().window_seconds() == pytest.approx(0.008)
+    assert PolicyConfig(window_s=0.05).window_seconds() == 0.05

@@ -76,6 +76,7 @@ class Chooser:
         self.space = space
         self.config = config
         self.record = Record()
+        self._window_s = config.window_seconds()
         self._clock = clock
         self.decision: Decision = fixed(fixed_choice, fixed_reason) if fixed_choice is not None \
             else decide(self.record, space, config)  # type: ignore[arg-type]
@@ -192,17 +193,17 @@ class Chooser:
         if w0 is None:  # the pass's first completion once primed opens its first window
             self._w0 = (last, rows, events, control.waited()) \
                 if events > max(0, self._opens_after) and control.primed else None
-            return self.config.window_s / 4
+            return self._window_s / 4
         if events == w0[2]:
-            return self.config.window_s / 4
+            return self._window_s / 4
         # from one completion to another: rows arrive in chunks (a task, a worker's
         # reply), and a window cut between chunks would count a share of one
         t0, r0, e0, q0 = w0
         cs, cr, ce, cq = self._carried
         elapsed = cs + last - t0
-        if elapsed < self.config.window_s or ce + events - e0 < self.config.window_events:
-            return max(self.config.window_s - elapsed - (now - last),
-                       self.config.window_s / 4)
+        if elapsed < self._window_s or ce + events - e0 < self.config.window_events:
+            return max(self._window_s - elapsed - (now - last),
+                       self._window_s / 4)
         waited = control.waited()
         self._w0 = (last, rows, events, waited)
         self._carried = (0.0, 0, 0, 0.0)
@@ -215,7 +216,7 @@ class Chooser:
             self._act()
         else:
             self._watch(window)
-        return self.config.window_s if not self.decision.settled else SETTLED_TICK_S
+        return self._window_s if not self.decision.settled else SETTLED_TICK_S
 
     def _act(self) -> None:
         assert self.space is not None

@@ -15,7 +15,9 @@ consumer's rate, so the cheaper one stays.
 
 Two candidates are compared in a *duel*: their windows alternate (A B A B; in
 blocks, A A B B, where processes or inline are one side) so that a drift of the
-pass's speed falls on both.  The *noise margin* is the
+pass's speed falls on both.  A duel in blocks whose choice was measured in the
+duel just before takes those windows as the choice's first block and starts
+with the rival's: they were read moments ago.  The *noise margin* is the
 spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
@@ -24,7 +26,7 @@ otherwise the cheaper one stays.  Where the dearer one read faster but inside
 the margin, the duel goes on for another round of windows (up to
 ``max_rounds``) before the cheaper one stays; a rival whose first window reads
 below every window of the choice by more than their spread loses at once
-(between thread counts and inline).  A cheaper side that keeps up with the
+(unless the rival is processes, which may still be starting).  A cheaper side that keeps up with the
 consumer (its rate within the margin of the consumer's own pace) stays
 whatever the dearer reads: the consumer takes no more.  Signals (the GIL
 probe, a row's CPU time) explain the choice in ``stats()``; they never decide.
@@ -61,6 +63,7 @@ from __future__ import annotations
 import collections
 import enum
 import statistics
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,9 +127,14 @@ class Reason(str, enum.Enum):
 class PolicyConfig:
     """The policy's parameters; each holds on any core count.
 
-    ``window_s``: a window lasts at least this long: ten switch intervals of
-    the GIL (5 ms) and several scheduler ticks, so a window measures the
-    candidate, not one thread's time slice.  ``window_events``: and sees at
+    ``window_s``: a window lasts at least this long; None (the default): four
+    of the interpreter's GIL switch intervals (``sys.getswitchinterval()``, 5 ms
+    unless the program changed it: 20 ms).  A thread that wants the GIL waits
+    up to one interval for it, so a window of four lets each of two contending
+    threads hold it at least twice; shorter windows measure whose turn it was.
+    Longer ones only make exploring dearer (a window runs a candidate that may
+    be the slower one): the noise a window still shows is measured, as the
+    duel's margin.  ``window_events``: and sees at
     least this many completions (tasks or worker replies): rows arrive in
     chunks, and a window of one chunk measures the chunk.  ``like_windows``:
     windows per side of a duel round (two are the least that show a spread).
@@ -143,7 +151,7 @@ class PolicyConfig:
     stays (the means firm up; the spread, a mean of steps, does not grow).
     """
 
-    window_s: float = 0.05
+    window_s: float | None = None
     window_events: int = 4
     like_windows: int = 2
     min_margin: float = 0.05
@@ -151,6 +159,10 @@ class PolicyConfig:
     warmup_windows: int = 1
     start_attempts: int = 3
     max_rounds: int = 3
+
+    def window_seconds(self) -> float:
+        """The least length of a window, in seconds (see ``window_s``)."""
+        return self.window_s if self.window_s is not None else 4 * sys.getswitchinterval()
 
 
 @dataclass(frozen=True)
@@ -327,6 +339,7 @@ class _Replay:
             if unavailable and space.process is not None else None
         self.solo: list[Window] = []   # one thread's windows (the processes bound)
         self.seen: list[Window] = []   # every window so far
+        self.fresh: list[Window] = []  # the windows of this search (since a re-check)
         self.phases = ["down", "up", "processes", "inline"]
         self.single_step = False       # a re-check: one duel a phase
         self.tried: set[Candidate] = set()
@@ -401,10 +414,25 @@ class _Replay:
                 return
             if rival is not None:
                 self.rival = rival
+                self.mine = self._recent_of(self.choice) if self._in_blocks() else []
                 return
             self.phases.pop(0)
             self.moved = False
         self.rival = None
+
+    def _in_blocks(self) -> bool:
+        return bool({Mode.PROCESSES, Mode.INLINE} & {self.choice.mode, self.rival.mode}) \
+            if self.rival is not None else False
+
+    def _recent_of(self, c: Candidate) -> list[Window]:
+        """The choice's first block of a duel in blocks: its last ``like_windows``
+        windows of this search, where they are among its last ``3 * like_windows``
+        (the duel that just ended, or the one before): measured moments ago, they
+        are what a fresh block would read, and a block duel then starts with the
+        rival's block.  Older windows are not used (the pass may have changed)."""
+        n = self.config.like_windows
+        mine = [w for w in self.fresh[-3 * n:] if w.candidate == c]
+        return mine[-n:] if len(mine) >= n else []
 
     @property
     def settled(self) -> bool:
@@ -421,7 +449,7 @@ class _Replay:
             return threads(1)
         if self.rival is None:
             return self.choice
-        if {Mode.PROCESSES, Mode.INLINE} & {self.choice.mode, self.rival.mode}:
+        if self._in_blocks():
             n = self.config.like_windows
             block = (len(self.mine) + len(self.theirs)) // n
             return self.choice if block % 2 == 0 else self.rival
@@ -429,6 +457,7 @@ class _Replay:
 
     def feed(self, w: Window) -> None:
         self.seen.append(w)
+        self.fresh.append(w)
         if w.candidate == threads(1):
             self.solo.append(w)
         if self.soloing:
@@ -472,10 +501,11 @@ class _Replay:
         """Whether the rival's first window read below every window of the choice by
         more than their spread: it cannot win, and the duel ends without its
         second window (a slow candidate's windows are what exploring costs).  Not
-        for processes, whose first windows may still be starting up."""
+        for a rival that is processes, whose first windows may still be starting
+        up."""
         if self.round != 1 or len(self.theirs) != 1 \
                 or len(self.mine) < self.config.like_windows \
-                or Mode.PROCESSES in (self.choice.mode, self.theirs[0].candidate.mode):
+                or self.theirs[0].candidate.mode is Mode.PROCESSES:
             return False  # (processes: their start-up can outlast the uncounted window)
         mine = [w.rate for w in self.mine]
         m = max(self.config.min_margin, _spread(mine))
@@ -487,6 +517,7 @@ class _Replay:
         self.single_step = True
         self.moved = False
         self.skipped = Reason.UNAVAILABLE if self.skipped is Reason.UNAVAILABLE else None
+        self.fresh = []
         self.phases = ["down", "up", "processes", "inline"]
         self._advance()
 

@@ -1,0 +1,102 @@
+"""What exploring costs: AsyncLoader's first epoch with its defaults against its first
+epoch pinned to the execution the defaults chose, on the outcome bench's data sets.
+
+For each data set and round, in fresh processes (the contenders' order turning each
+round: A B, B A, ...):
+
+* ``auto``: a default ``AsyncLoader``; its first epoch (timed from building the loader),
+  the time until its choice settled, its choice and the windows it measured;
+* ``pinned``: the same loader fixed to the choice ``auto`` made in that round
+  (``execution=`` and ``num_threads=``/``num_workers=``), nothing measured.
+
+``auto / pinned`` is the first epoch's cost of measuring the candidates (1.0: free).
+With ``--window-s`` the policy's window length is changed for ``auto`` (an experiment:
+the value of ``PolicyConfig.window_s`` to try).
+
+    PYTHONPATH=src python bench/explore_cost.py --rounds 3
+    PYTHONPATH=src python bench/explore_cost.py --datasets gil-python,detection --window-s 0.02
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+_CHILD = r"""
+import json, sys, time, dataclasses
+from asyncfeed import AsyncLoader
+from asyncfeed._bench import userdata
+from asyncfeed._engine import chooser, policy
+name, pin, window_s = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+if window_s > 0:
+    cfg = dataclasses.replace(policy.PolicyConfig(), window_s=window_s)
+    d = list(chooser.Chooser.__init__.__defaults__)
+    d[2] = cfg
+    chooser.Chooser.__init__.__defaults__ = tuple(d)
+b = userdata.build(name)
+kw = {}
+if pin:
+    mode, count = pin
+    kw["execution"] = mode
+    if mode == "threads":
+        kw["num_threads"] = count
+    elif mode == "processes":
+        kw["num_workers"] = count
+t0 = time.perf_counter()
+al = AsyncLoader(b.dataset, batch_size=b.batch_size, sampler=b.order, collate_fn=b.collate_fn, **kw)
+n = 0
+settled_at = None
+for batch in al:
+    n += 1
+    if settled_at is None and not al._chooser.exploring:
+        settled_at = time.perf_counter() - t0
+t = time.perf_counter() - t0
+ch = al._chooser
+out = {"seconds": t, "settled_s": settled_at, "batches": n,
+       "choice": [ch.decision.choice.mode.value, ch.decision.choice.count],
+       "windows": len(ch.record.windows), "report": str(ch.report())}
+al.close()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _run(name: str, pin: list | None, window_s: float) -> dict:
+    p = subprocess.run([sys.executable, "-c", _CHILD, name, json.dumps(pin), str(window_s)],
+                       capture_output=True, text=True, timeout=600)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{name}: no result\n{p.stdout}\n{p.stderr}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", default="detection,text,cifar-rng,gil-python,gil-free")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window-s", type=float, default=0.0)
+    args = ap.parse_args()
+    for name in args.datasets.split(","):
+        ratios, rows = [], []
+        pin: list | None = None
+        for r in range(args.rounds):
+            if r % 2 and pin is not None:  # B A: pinned first, to the last round's choice
+                pinned = _run(name, pin, 0.0)
+                auto = _run(name, None, args.window_s)
+            else:
+                auto = _run(name, None, args.window_s)
+                pinned = _run(name, auto["choice"], 0.0)
+            pin = auto["choice"]
+            ratios.append(pinned["seconds"] / auto["seconds"])
+            rows.append(f"  round {r}: auto {auto['seconds']:.3f}s (settled "
+                        f"{auto['settled_s'] or float('nan'):.3f}s, {auto['windows']} windows, "
+                        f"{auto['choice'][0]} {auto['choice'][1]}) pinned {pinned['seconds']:.3f}s "
+                        f"-> {ratios[-1]:.2f}")
+        print(f"{name}: rate auto/pinned median {statistics.median(ratios):.2f} "
+              f"worst {min(ratios):.2f}")
+        print("\n".join(rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()
