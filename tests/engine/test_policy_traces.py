@@ -2,9 +2,9 @@
 
 Each file in ``traces/`` is one run of ``bench/record_choice.py``: a data set
 written as users write them, a fresh process, a default ``AsyncLoader`` on this
-project's 2-core machine, quiet or beside a busy-looping process (``neighbour``;
-``load1`` says how busy the machine was),
-until its choice settled.  The file holds the chooser's record (every window:
+project's 2-core machine, alone or beside a busy-looping process started for
+the run (``neighbour``; ``load1`` says how busy the machine was, other work
+included), until its choice settled.  The file holds the chooser's record (every window:
 candidate, rows, seconds, the consumer's wait), its space, the choice the live
 run made, and ``expect``: what the readings show, checked by hand when the
 trace was recorded.
