@@ -608,6 +608,9 @@ class Pipeline(BatchHandoff):
                 else:
                     host = self._collate_late(b)
                 b.output, b.event = self.to_target(host)
+                # the batch holds its output now; this frame must not while it waits
+                # for the hand-over below (the consumer may drop the output meanwhile)
+                del host
         except BaseException as e:  # noqa: BLE001
             b.error = e
         if b.n:
