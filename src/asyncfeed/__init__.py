@@ -19,7 +19,8 @@ from ._data.normalize import normalize
 from ._data.webdataset import ImageLabelDecoder, WebDatasetShards
 from ._engine.loader import AsyncLoader
 from ._engine.accounting import StageStats
-from ._engine.policy import Candidate, ExecutionReport, Measured, Mode, Reason
+from ._engine.execution_report import ExecutionReport, Measured
+from ._engine.policy import Candidate, Mode, Reason
 from ._engine.stats import IOStats, LoaderStats, SkippedSample
 from ._errors import (AsyncFeedError, LoaderClosedError, LoaderTimeout, RemoteReadError,
                       RemoteTimeoutError, SampleError, ShardError, StateError,

@@ -22,8 +22,9 @@ import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-from .policy import (Candidate, Decision, ExecutionReport, Mode, PolicyConfig, Reason, Record,
-                     Space, Window, decide, drifted, fixed, measured)
+from .execution_report import ExecutionReport, measured
+from .policy import (Candidate, Decision, Mode, PolicyConfig, Reason, Record, Space, Window,
+                     decide, drifted, fixed)
 
 log = logging.getLogger("asyncfeed")
 

@@ -60,7 +60,6 @@ bound scales with it, the margin is measured.
 
 from __future__ import annotations
 
-import collections
 import enum
 import statistics
 import sys
@@ -224,15 +223,6 @@ class Space:
     def rungs(self) -> tuple[Candidate, ...]:
         """Every candidate of the ladder, cheapest first (inline first, if allowed)."""
         return ((INLINE,) if self.inline else ()) + self.ladder
-
-
-@dataclass(frozen=True)
-class Measured:
-    """A candidate's windows in the record: their count and mean rate (rows/s)."""
-
-    candidate: Candidate
-    windows: int
-    rate: float
 
 
 @dataclass(frozen=True)
@@ -554,70 +544,3 @@ def drifted(settled_rate: float, recent: list[float], margin: float,
     band = 2 * max(margin, config.min_margin)
     m = statistics.median(recent)
     return abs(m - settled_rate) / settled_rate > band
-
-
-@dataclass(frozen=True)
-class ExecutionReport:
-    """Where a loader's samples run, and why (``stats().execution``).
-
-    ``mode`` and ``count``: the current choice (threads or worker processes and
-    their number; 0 for inline).  ``reason``: why it runs (:class:`Reason`).
-    ``candidates``: every candidate measured, with its windows and mean rate
-    (rows/s).  ``margin``: the noise margin of the last duel.  ``processes_skipped``:
-    why processes were not measured, if they were not.  ``detail``: what went
-    wrong, where something did (the process stage could not start or stopped).
-    ``str()`` is a sentence."""
-
-    mode: Mode
-    count: int
-    reason: Reason
-    candidates: tuple[Measured, ...] = ()
-    margin: float = 0.0
-    processes_skipped: Reason | None = None
-    detail: str = ""
-
-    @property
-    def candidate(self) -> Candidate:
-        return Candidate(self.mode, self.count)
-
-    def __str__(self) -> str:
-        c = self.candidate
-        head = f"{self.mode.value}: {c}" if self.mode is not Mode.INLINE \
-            else "inline: the consumer loads the rows while it waits"
-        rates = {m.candidate: m.rate for m in self.candidates}
-        why = {
-            Reason.FIXED: "chosen by the loader's arguments",
-            Reason.ONLY: "the only candidate",
-            Reason.EXPLORING: "measuring the candidates",
-            Reason.FASTER: f"measured faster than the cheaper candidates by more than "
-                           f"the {self.margin:.0%} noise margin",
-            Reason.CHEAPER: f"no dearer candidate beat it by more than the "
-                            f"{self.margin:.0%} noise margin",
-            Reason.NO_ROOM: "processes cannot beat it",
-            Reason.CONSUMER: "it keeps up with the consumer",
-            Reason.UNAVAILABLE: "worker processes could not start",
-        }[self.reason]
-        parts = [why]
-        if rates:
-            parts.append("measured " + ", ".join(
-                f"{k}: {v:,.0f} rows/s" for k, v in sorted(rates.items(),
-                                                           key=lambda kv: kv[0].cost)))
-        if self.processes_skipped is Reason.NO_ROOM:
-            parts.append("processes not tried: one thread's rate times the cores leaves "
-                         "them no room")
-        elif self.processes_skipped is Reason.CONSUMER:
-            parts.append("nothing dearer tried: the consumer takes batches no faster")
-        elif self.processes_skipped is Reason.UNAVAILABLE:
-            parts.append("processes could not start")
-        if self.detail:
-            parts.append(self.detail)
-        return f"{head} ({'; '.join(parts)})"
-
-
-def measured(record: Record) -> tuple[Measured, ...]:
-    """Every candidate of ``record`` with its window count and mean rate."""
-    by: dict[Candidate, list[float]] = collections.defaultdict(list)
-    for w in record.windows:
-        by[w.candidate].append(w.rate)
-    return tuple(Measured(c, len(r), statistics.fmean(r))
-                 for c, r in sorted(by.items(), key=lambda kv: kv[0].cost))

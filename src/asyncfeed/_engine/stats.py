@@ -10,7 +10,8 @@ from typing import Any
 
 from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
 from .advice import DatasetKnobs, dataset_knobs, explain
-from .policy import ExecutionReport, Mode
+from .execution_report import ExecutionReport
+from .policy import Mode
 
 log = logging.getLogger("asyncfeed")
 

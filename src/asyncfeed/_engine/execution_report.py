@@ -1,0 +1,90 @@
+"""What ``stats().execution`` says: where a loader's samples run, and why.
+
+Made by the chooser from its record and decision (:mod:`.policy`); data, with a
+sentence for ``str()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass
+
+from .policy import Candidate, Mode, Reason, Record
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A candidate's windows in the record: their count and mean rate (rows/s)."""
+
+    candidate: Candidate
+    windows: int
+    rate: float
+
+
+
+@dataclass(frozen=True)
+class ExecutionReport:
+    """Where a loader's samples run, and why (``stats().execution``).
+
+    ``mode`` and ``count``: the current choice (threads or worker processes and
+    their number; 0 for inline).  ``reason``: why it runs (:class:`Reason`).
+    ``candidates``: every candidate measured, with its windows and mean rate
+    (rows/s).  ``margin``: the noise margin of the last duel.  ``processes_skipped``:
+    why processes were not measured, if they were not.  ``detail``: what went
+    wrong, where something did (the process stage could not start or stopped).
+    ``str()`` is a sentence."""
+
+    mode: Mode
+    count: int
+    reason: Reason
+    candidates: tuple[Measured, ...] = ()
+    margin: float = 0.0
+    processes_skipped: Reason | None = None
+    detail: str = ""
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.mode, self.count)
+
+    def __str__(self) -> str:
+        c = self.candidate
+        head = f"{self.mode.value}: {c}" if self.mode is not Mode.INLINE \
+            else "inline: the consumer loads the rows while it waits"
+        rates = {m.candidate: m.rate for m in self.candidates}
+        why = {
+            Reason.FIXED: "chosen by the loader's arguments",
+            Reason.ONLY: "the only candidate",
+            Reason.EXPLORING: "measuring the candidates",
+            Reason.FASTER: f"measured faster than the cheaper candidates by more than "
+                           f"the {self.margin:.0%} noise margin",
+            Reason.CHEAPER: f"no dearer candidate beat it by more than the "
+                            f"{self.margin:.0%} noise margin",
+            Reason.NO_ROOM: "processes cannot beat it",
+            Reason.CONSUMER: "it keeps up with the consumer",
+            Reason.UNAVAILABLE: "worker processes could not start",
+        }[self.reason]
+        parts = [why]
+        if rates:
+            parts.append("measured " + ", ".join(
+                f"{k}: {v:,.0f} rows/s" for k, v in sorted(rates.items(),
+                                                           key=lambda kv: kv[0].cost)))
+        if self.processes_skipped is Reason.NO_ROOM:
+            parts.append("processes not tried: one thread's rate times the cores leaves "
+                         "them no room")
+        elif self.processes_skipped is Reason.CONSUMER:
+            parts.append("nothing dearer tried: the consumer takes batches no faster")
+        elif self.processes_skipped is Reason.UNAVAILABLE:
+            parts.append("processes could not start")
+        if self.detail:
+            parts.append(self.detail)
+        return f"{head} ({'; '.join(parts)})"
+
+
+def measured(record: Record) -> tuple[Measured, ...]:
+    """Every candidate of ``record`` with its window count and mean rate."""
+    by: dict[Candidate, list[float]] = collections.defaultdict(list)
+    for w in record.windows:
+        by[w.candidate].append(w.rate)
+    return tuple(Measured(c, len(r), statistics.fmean(r))
+                 for c, r in sorted(by.items(), key=lambda kv: kv[0].cost))
