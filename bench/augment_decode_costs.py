@@ -11,11 +11,21 @@ medians over the rounds, and the worst round.  Prints:
    and 1/8 are used);
 2. the share of training windows decoded at full size, 1/2, 1/4, 1/8;
 3. the fused sample's steps: header + window, decode (at the reduction chosen),
-   crop + resize (area and linear), flip + CHW write; and the whole sample;
+   crop + resize (``"area"``, OpenCV's ``INTER_AREA`` for comparison, and
+   ``"linear"``), flip + CHW write; and the whole sample;
 4. the share of each image a decoder that stopped after the window's last row
    (libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``, or
    TurboJPEG 3's cropping region; none of simplejpeg, Pillow and OpenCV expose it)
-   would leave undecoded: an upper bound on what region decoding would save.
+   would leave undecoded: an upper bound on what region decoding would save;
+5. the loader: ``ImageFolder(train=True)[i]`` over every image (the per-sample
+   function with its file read, one thread) against ``AsyncLoader`` (its defaults,
+   or ``--execution``) over the same folder for ``--loader-epochs`` epochs on one
+   loader (``set_epoch`` between them), CPU per image of each epoch (the process
+   and its worker processes) and the execution chosen: the loader's own cost per
+   image, in its first epoch (exploring executions) and after;
+6. ``asyncfeed.normalize`` of a ``uint8`` batch of ``--batch-size`` rows on the CPU,
+   per image, at torch's thread count and at one thread (what a CPU-only consumer
+   pays on top; with a GPU it runs there).
 """
 
 from __future__ import annotations
@@ -25,9 +35,11 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import cv2
 import numpy as np
+import psutil
 import simplejpeg
 
 from asyncfeed import ImageFolder
@@ -57,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folder", nargs="?")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--loader-epochs", type=int, default=3,
+                   help="epochs of section 5 (0: skip sections 5 and 6)")
+    p.add_argument("--execution", default="auto", help="AsyncLoader's execution (section 5)")
+    p.add_argument("--batch-size", type=int, default=32)
     args = p.parse_args(argv)
     cv2.setNumThreads(1)
     root = _folder(args.folder)
@@ -111,13 +127,17 @@ def main(argv: list[str] | None = None) -> int:
             kw = {} if k == 1 else {"min_height": -(-h // k), "min_width": -(-w // k)}
             simplejpeg.decode_jpeg(r, colorspace="RGB", **kw)
 
-    def resize(flag: int):
+    def resize(interp: str):
         def run() -> None:
             for c in decoded:
-                shrink = c.shape[0] >= args.size and c.shape[1] >= args.size
-                cv2.resize(c, (args.size, args.size),
-                           interpolation=flag if shrink else cv2.INTER_LINEAR)
+                augment._resize(c, args.size, interp, cv2)  # type: ignore[arg-type]
         return run, n
+
+    def inter_area() -> None:  # OpenCV's box filter, for comparison
+        for c in decoded:
+            shrink = c.shape[0] >= args.size and c.shape[1] >= args.size
+            cv2.resize(c, (args.size, args.size),
+                       interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
 
     def flip_write() -> None:
         for i, c in enumerate(resized):
@@ -131,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 dec.decode(r, i, out)
         return run, n
     res = _rounds({"header + window": (header, n), "decode": (decode, n),
-                   "resize area": resize(cv2.INTER_AREA), "resize linear": resize(cv2.INTER_LINEAR),
+                   "resize area": resize("area"), "resize INTER_AREA": (inter_area, n),
+                   "resize linear": resize("linear"),
                    "flip + CHW write": (flip_write, n), "whole sample, area": whole("area"),
                    "whole sample, linear": whole("linear")}, args.rounds)
     print("\n3. the fused sample's steps")
@@ -142,7 +163,81 @@ def main(argv: list[str] | None = None) -> int:
     full = [b for b, k in zip(below, ks) if k == 1]
     print(f"\n4. rows below the window: {statistics.mean(below):.1%} of the image on average "
           f"({statistics.mean(full):.1%} for windows decoded at full size)")
+    if args.loader_epochs > 0:
+        _loader_costs(root, args)
     return 0
+
+
+def _cpu_tree(proc: Any) -> float:
+    """CPU seconds of this process, its reaped children and its live children."""
+    t = proc.cpu_times()
+    total = float(t.user + t.system + t.children_user + t.children_system)
+    for child in proc.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:
+            pass  # ended between the listing and the reading: reaped, counted above
+    return total
+
+
+def _loader_costs(root: str, args: argparse.Namespace) -> None:
+    import torch
+
+    from asyncfeed import AsyncLoader, normalize
+    me = psutil.Process()
+    ds = ImageFolder(root, args.size, train=True, seed=0)
+    n = len(ds)
+    per_sample: list[float] = []
+    epochs: list[list[float]] = [[] for _ in range(args.loader_epochs)]
+    rates: list[list[float]] = [[] for _ in range(args.loader_epochs)]
+    chosen: list[str] = []
+    for _ in range(args.rounds):
+        c0 = _cpu_tree(me)
+        for i in range(n):
+            ds[i]
+        per_sample.append((_cpu_tree(me) - c0) / n * 1e3)
+        with AsyncLoader(ds, batch_size=args.batch_size, shuffle=True, seed=0,
+                         execution=args.execution) as loader:
+            for e in range(args.loader_epochs):
+                loader.set_epoch(e)
+                c0, t0, got = _cpu_tree(me), time.perf_counter(), 0
+                for x, _ in loader:
+                    got += int(x.shape[0])
+                epochs[e].append((_cpu_tree(me) - c0) / got * 1e3)
+                rates[e].append(got / (time.perf_counter() - t0))
+            ex = loader.stats().execution
+            chosen.append(f"{ex.mode.value} x{ex.count}" if ex is not None else "?")
+    med = statistics.median(per_sample)
+    print(f"\n5. the loader ({n} images per epoch, batch {args.batch_size}, "
+          f"execution={args.execution!r}; CPU ms per image, median (worst round))")
+    print(f"   ImageFolder(train=True)[i], one thread   {med:.3f} ({max(per_sample):.3f})")
+    for e, (cpu, rate) in enumerate(zip(epochs, rates)):
+        m = statistics.median(cpu)
+        print(f"   AsyncLoader, epoch {e}                    {m:.3f} ({max(cpu):.3f})  "
+              f"{m - med:+.3f} over the sample  {statistics.median(rate):,.0f} img/s (noisy)")
+    print(f"   execution after the last epoch: {', '.join(chosen)}")
+
+    x = torch.randint(0, 256, (args.batch_size, 3, args.size, args.size), dtype=torch.uint8)
+    reps = max(1, n // args.batch_size)
+
+    def norm(threads: int) -> tuple[Any, int]:
+        def run() -> None:
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                for _ in range(reps):
+                    normalize(x)
+            finally:
+                torch.set_num_threads(before)
+        return run, reps * args.batch_size
+    k = torch.get_num_threads()
+    res = _rounds({f"{k} thread{'s' if k > 1 else ''} (torch's)": norm(k),
+                   "1 thread": norm(1)}, args.rounds)
+    print(f"\n6. normalize, a [{args.batch_size}, 3, {args.size}, {args.size}] uint8 batch on "
+          f"the CPU, per image")
+    for name, (m, worst) in res.items():
+        print(f"   {name:<22} {m:.3f} ({worst:.3f})")
 
 
 if __name__ == "__main__":
