@@ -94,9 +94,19 @@ def test_real_runs_give_normalized_float_batches(folder):
     assert limit["samples"] == 16 and limit["rate"] > 0
 
 
-def test_the_consumers_normalize_is_asyncfeeds():
+def test_the_consumers_normalize_is_asyncfeeds_on_one_thread(monkeypatch):
     x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     from asyncfeed import normalize
-    assert torch.equal(augment.normalized(x), normalize(x))
+    from asyncfeed._data import normalize as module
+    before = torch.get_num_threads()
+    seen = []
+    monkeypatch.setattr(module, "normalize", lambda b: seen.append(torch.get_num_threads())
+                        or normalize(b))
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(augment.normalized(x), normalize(x))
+        assert seen == [1] and torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
     f = torch.zeros(2, 3, 4, 4)
     assert augment.normalized(f) is f

@@ -5,9 +5,10 @@ Every contender turns the folder's JPEGs into random-resized-crop (to ``size``)
 
 * ``train``: ``ImageFolder(train=True)``, the crop and flip fused into decoding,
   ``uint8`` rows; the consumer normalizes each batch with
-  :func:`asyncfeed.normalize` (one op per batch, on the bench's device), counted
-  in the run's time and CPU.  Run by ``AsyncLoader`` (its defaults) and by
-  DataLoader (``w`` = 0, cores, 2 x cores).
+  :func:`asyncfeed.normalize` (one op per batch, on the bench's device; on the
+  CPU on the consumer's thread alone, see :func:`normalized`), counted in the
+  run's time and CPU.  Run by ``AsyncLoader`` (its defaults) and by DataLoader
+  (``w`` = 0, cores, 2 x cores).
 * ``pil``: workload (g)'s :class:`~.workloads.PilAugment` (PIL decode,
   RandomResizedCrop, flip, float normalize, written with PIL and numpy), run by
   DataLoader and by ``AsyncLoader`` as a drop-in.
@@ -17,7 +18,9 @@ Every contender turns the folder's JPEGs into random-resized-crop (to ``size``)
   where torchvision is not installed these rows are skipped, with the reason.
 
 The limit lines run the fused per-sample function (``ImageFolder(train=True)[i]``)
-one process per core, with no loader.
+one process per core, with no loader and no normalize: on a CPU-only machine the
+``train`` rows do the consumer's normalize on top (about 0.15 ms of CPU per
+224x224 image), so their ``x limit`` reads that much below the loader's own share.
 """
 
 from __future__ import annotations
@@ -151,6 +154,7 @@ def section(rows: list[dict], settings: dict, fmt: Any, name: Any
     """Workload (h)'s table as ``(title, headers, rows)`` (``fmt``, ``name``: the
     report's helpers)."""
     out = [[name(r), _PIPELINE.get(r["dataset"], r["dataset"]), fmt(r.get("rate"), ",.0f"),
+            fmt(r.get("steady_rate") if r["family"] != "limit" else None, ",.0f"),
             fmt(r.get("vs_pil_best"), ".2f"), fmt(r.get("vs_tv_folder_best"), ".2f"),
             fmt(r.get("vs_tv_decode_best"), ".2f"), fmt(r.get("vs_limit"), ".2f"),
             fmt(r.get("cpu_per_sample_ms"), ".3f"), fmt(r.get("cpu_vs_pil_w0"), ".2f"),
@@ -158,15 +162,31 @@ def section(rows: list[dict], settings: dict, fmt: Any, name: Any
     title = (f"(h) training augmentation: random-resized-crop + flip to {settings['size']}, "
              f"normalized; {settings.get('samples')} samples per run, batch "
              f"{settings['batch_size']}; x: rate against the best DataLoader setting of that "
-             f"pipeline; CPU x: against DataLoader w=0 on the PIL pipeline")
-    headers = ["contender", "pipeline", "img/s", "x PIL", "x tv-folder", "x tv-decode",
+             f"pipeline; CPU x: against DataLoader w=0 on the PIL pipeline; steady: the rate "
+             f"after the run's first tenth of batches")
+    headers = ["contender", "pipeline", "img/s", "steady img/s", "x PIL", "x tv-folder", "x tv-decode",
                "x limit", "CPU ms/img", "CPU x", "peak PSS MB"]
     return title, headers, out
 
 
 def normalized(images: Any) -> Any:
-    """The consumer's per-batch normalize of the fused rows (see the module docstring)."""
+    """The consumer's per-batch normalize of the fused rows (see the module docstring).
+
+    On the CPU it runs on the consumer's thread alone: torch's intra-op threads
+    would spin-wait after each batch on the cores the loader decodes on (measured:
+    0.36 ms of CPU per 224x224 image at two threads against 0.15 at one,
+    ``bench/augment_decode_costs.py`` section 6), and the PIL pipeline it is
+    compared with normalizes on one thread per sample too.  On a GPU it runs there.
+    """
     from .._data.normalize import normalize
-    return normalize(images) if isinstance(images, torch.Tensor) \
-        and images.dtype == torch.uint8 else images
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
+        return images
+    threads = torch.get_num_threads()
+    if images.device.type != "cpu" or threads == 1:
+        return normalize(images)
+    torch.set_num_threads(1)
+    try:
+        return normalize(images)
+    finally:
+        torch.set_num_threads(threads)
 
