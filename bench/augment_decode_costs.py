@@ -1,6 +1,7 @@
 """What the fused training path spends per image, and what region decoding could save.
 
     PYTHONPATH=src python bench/augment_decode_costs.py [FOLDER] [--size 224] [--rounds 5]
+        [--loader-epochs 3] [--execution auto] [--batch-size 32] [--loader-only]
 
 FOLDER: an ImageFolder tree (default: the bench's synthetic set of 1000 images,
 generated if needed).  One thread, CPU time (``time.process_time``), every step
@@ -17,8 +18,9 @@ medians over the rounds, and the worst round.  Prints:
    (libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``, or
    TurboJPEG 3's cropping region; none of simplejpeg, Pillow and OpenCV expose it)
    would leave undecoded: an upper bound on what region decoding would save;
-5. the loader: ``ImageFolder(train=True)[i]`` over every image (the per-sample
-   function with its file read, one thread) against ``AsyncLoader`` (its defaults,
+5. the loader: the PIL pipeline of workload (h) (``PilAugment[i]``, the CPU
+   reference of its targets) and ``ImageFolder(train=True)[i]`` over every image
+   (the per-sample functions with their file reads, one thread) against ``AsyncLoader`` (its defaults,
    or ``--execution``) over the same folder for ``--loader-epochs`` epochs on one
    loader (``set_epoch`` between them), CPU per image of each epoch (the process
    and its worker processes) and the execution chosen: the loader's own cost per
@@ -31,7 +33,6 @@ medians over the rounds, and the worst round.  Prints:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -43,6 +44,7 @@ import psutil
 import simplejpeg
 
 from asyncfeed import ImageFolder
+from asyncfeed._bench.workloads import PilAugment
 from asyncfeed._data import augment
 from asyncfeed._data.augment import RandomResizedCrop, draw_window, sample_uniforms
 
@@ -73,9 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="epochs of section 5 (0: skip sections 5 and 6)")
     p.add_argument("--execution", default="auto", help="AsyncLoader's execution (section 5)")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--loader-only", action="store_true", help="sections 5 and 6 only")
     args = p.parse_args(argv)
     cv2.setNumThreads(1)
     root = _folder(args.folder)
+    if args.loader_only:
+        _loader_costs(root, args)
+        return 0
     ds = ImageFolder(root, args.size, train=True, seed=0)
     raws = []
     for path, _ in ds.samples:
@@ -188,7 +194,9 @@ def _loader_costs(root: str, args: argparse.Namespace) -> None:
     me = psutil.Process()
     ds = ImageFolder(root, args.size, train=True, seed=0)
     n = len(ds)
+    pil = PilAugment(list(ds.samples), args.size, seed=0)
     per_sample: list[float] = []
+    per_pil: list[float] = []
     epochs: list[list[float]] = [[] for _ in range(args.loader_epochs)]
     rates: list[list[float]] = [[] for _ in range(args.loader_epochs)]
     chosen: list[str] = []
@@ -197,6 +205,10 @@ def _loader_costs(root: str, args: argparse.Namespace) -> None:
         for i in range(n):
             ds[i]
         per_sample.append((_cpu_tree(me) - c0) / n * 1e3)
+        c0 = _cpu_tree(me)
+        for i in range(n):
+            pil[i]
+        per_pil.append((_cpu_tree(me) - c0) / n * 1e3)
         with AsyncLoader(ds, batch_size=args.batch_size, shuffle=True, seed=0,
                          execution=args.execution) as loader:
             for e in range(args.loader_epochs):
@@ -211,6 +223,8 @@ def _loader_costs(root: str, args: argparse.Namespace) -> None:
     med = statistics.median(per_sample)
     print(f"\n5. the loader ({n} images per epoch, batch {args.batch_size}, "
           f"execution={args.execution!r}; CPU ms per image, median (worst round))")
+    print(f"   PIL pipeline (bench's PilAugment)[i]     {statistics.median(per_pil):.3f} "
+          f"({max(per_pil):.3f})  (float, normalized)")
     print(f"   ImageFolder(train=True)[i], one thread   {med:.3f} ({max(per_sample):.3f})")
     for e, (cpu, rate) in enumerate(zip(epochs, rates)):
         m = statistics.median(cpu)
