@@ -13,7 +13,8 @@ medians over the rounds, and the worst round.  Prints:
 2. the share of training windows decoded at full size, 1/2, 1/4, 1/8;
 3. the fused sample's steps: header + window, decode (at the reduction chosen),
    crop + resize (``"area"``, OpenCV's ``INTER_AREA`` for comparison, and
-   ``"linear"``), flip + CHW write; and the whole sample;
+   ``"linear"``), flip + CHW write; and the whole sample; and how far each
+   resize lands from torchvision's antialiased one;
 4. the share of each image a decoder that stopped after the window's last row
    (libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``, or
    TurboJPEG 3's cropping region; none of simplejpeg, Pillow and OpenCV expose it)
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n3. the fused sample's steps")
     for k, (med, worst) in res.items():
         print(f"   {k:<22} {med:.3f} ({worst:.3f})")
+    _closeness(decoded, args.size)
 
     below = [1 - (win.top + win.height) / h for win, (h, _) in zip(wins, heads)]
     full = [b for b, k in zip(below, ks) if k == 1]
@@ -172,6 +174,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.loader_epochs > 0:
         _loader_costs(root, args)
     return 0
+
+
+def _closeness(windows: list[np.ndarray], size: int) -> None:
+    """Mean absolute difference (grey levels) of each resize from torchvision's
+    antialiased one (torch's ``interpolate(antialias=True)``, what its ``Resize``
+    runs on tensors), over the same decoded windows."""
+    import torch
+    import torch.nn.functional as F
+
+    def tv(c: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(c)).permute(2, 0, 1)[None].float()
+        out = F.interpolate(t, size=(size, size), mode="bilinear", antialias=True)
+        return out[0].permute(1, 2, 0).numpy()
+
+    def inter_area(c: np.ndarray) -> np.ndarray:
+        shrink = c.shape[0] >= size and c.shape[1] >= size
+        return cv2.resize(c, (size, size),
+                          interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    ways = {"area": lambda c: augment._resize(c, size, "area", cv2),
+            "INTER_AREA": inter_area,
+            "linear": lambda c: augment._resize(c, size, "linear", cv2)}
+    diffs: dict[str, list[float]] = {k: [] for k in ways}
+    for c in windows:
+        want = tv(c)
+        for k, way in ways.items():
+            diffs[k].append(float(np.abs(way(c).astype(np.float32) - want).mean()))
+    print("   mean absolute difference from torchvision's antialiased resize, grey levels "
+          "(95th percentile): " + ", ".join(
+              f"{k} {statistics.mean(v):.2f} ({float(np.percentile(v, 95)):.2f})"
+              for k, v in diffs.items()))
 
 
 def _cpu_tree(proc: Any) -> float:

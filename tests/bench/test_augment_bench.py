@@ -74,6 +74,7 @@ def test_figures_headline_and_table(tmp_path):
     text = render(results)
     assert "(h) training augmentation" in text and "fused (uint8) + normalize" in text
     assert "2.25" in text and "0.50" in text
+    assert "fused (uint8), no normalize" in text and "steady img/s" in text
 
 
 def _spec(folder: str, kind: str, family: str, knob, mode="throughput", **ds) -> dict:

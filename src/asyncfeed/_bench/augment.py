@@ -153,7 +153,8 @@ def section(rows: list[dict], settings: dict, fmt: Any, name: Any
             ) -> tuple[str, list[str], list[list[str]]]:
     """Workload (h)'s table as ``(title, headers, rows)`` (``fmt``, ``name``: the
     report's helpers)."""
-    out = [[name(r), _PIPELINE.get(r["dataset"], r["dataset"]), fmt(r.get("rate"), ",.0f"),
+    out = [[name(r), "fused (uint8), no normalize" if r["family"] == "limit"
+            else _PIPELINE.get(r["dataset"], r["dataset"]), fmt(r.get("rate"), ",.0f"),
             fmt(r.get("steady_rate") if r["family"] != "limit" else None, ",.0f"),
             fmt(r.get("vs_pil_best"), ".2f"), fmt(r.get("vs_tv_folder_best"), ".2f"),
             fmt(r.get("vs_tv_decode_best"), ".2f"), fmt(r.get("vs_limit"), ".2f"),
