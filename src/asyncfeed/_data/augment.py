@@ -22,6 +22,7 @@ out, resized with the chosen interpolation, flipped, and written as CHW in place
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
@@ -211,41 +212,60 @@ def decode_random_resized_crop(raw: bytes, size: int, uniforms: list[float],
     return hwc_to_chw(crop, out)
 
 
-#: above this shrink factor the Gaussian grows long: OpenCV's box filter (INTER_AREA)
+#: above this shrink factor the prefilter grows long: OpenCV's box filter (INTER_AREA)
 #: antialiases instead
-_GAUSSIAN_MAX_FACTOR = 4.0
+_PREFILTER_MAX_FACTOR = 4.0
 
 
-def _prefilter_sigma(factor: float) -> float:
-    """The Gaussian's standard deviation (input pixels) that, followed by bilinear
-    sampling, gives the variance of torchvision's antialiased bilinear filter at a
-    shrink of ``factor``: a triangle of half-width ``factor`` (variance
-    ``factor**2 / 6``) where bilinear alone is one of half-width 1 (``1 / 6``)."""
-    return math.sqrt((factor * factor - 1.0) / 6.0) if factor > 1.0 else 0.0
+@functools.lru_cache(maxsize=4096)
+def _prefilter(side: int, size: int) -> np.ndarray | None:
+    """The 1-D smoothing kernel for shrinking ``side`` pixels to ``size`` before
+    bilinear sampling (None: nothing to smooth).
+
+    torchvision's antialiased bilinear resize filters with a triangle of
+    half-width ``f = side / size`` input pixels (variance ``f**2 / 6``); bilinear
+    sampling alone is the triangle of half-width 1 (variance ``1 / 6``).  The
+    kernel supplies the difference, ``v = (f**2 - 1) / 6``, exactly as a discrete
+    variance: ``[v/2, 1 - v, v/2]`` up to ``v = 1/2`` (a Gaussian sampled that
+    narrow would lose its variance between the taps), a sampled Gaussian of
+    variance ``v`` beyond.
+    """
+    f = side / size
+    v = (f * f - 1.0) / 6.0
+    if v < 1e-3:
+        return None
+    if v <= 0.5:
+        return np.array([v / 2, 1.0 - v, v / 2], np.float32)
+    r = math.ceil(3.0 * math.sqrt(v))
+    x = np.arange(-r, r + 1, dtype=np.float64)
+    g = np.exp(-x * x / (2.0 * v))
+    return (g / g.sum()).astype(np.float32)
+
+
+_IDENTITY = np.ones(1, np.float32)
 
 
 def _resize(crop: np.ndarray, size: int, interpolation: Interpolation, cv2: Any) -> np.ndarray:
     """``crop`` (HWC) resized to ``size`` x ``size``.
 
     ``"linear"``: bilinear.  ``"area"``: antialiased along each axis the window
-    shrinks on, as torchvision's ``antialias=True`` is: a Gaussian of
-    :func:`_prefilter_sigma` per axis, then bilinear (about half the CPU of
-    OpenCV's ``INTER_AREA`` at the fractional factors a random crop has, and
-    nearer torchvision's pixels); beyond ``_GAUSSIAN_MAX_FACTOR``, ``INTER_AREA``.
-    Axes that grow are interpolated bilinearly either way."""
+    shrinks on, approximating torchvision's ``antialias=True``: :func:`_prefilter`
+    per axis, then bilinear (about half the CPU of OpenCV's ``INTER_AREA`` at the
+    fractional factors a random crop has, and nearer torchvision's pixels); beyond
+    a ``_PREFILTER_MAX_FACTOR`` shrink, ``INTER_AREA``.  Axes that grow are
+    interpolated bilinearly either way."""
     ch, cw = crop.shape[:2]
     if (ch, cw) == (size, size):
         return crop
     if interpolation == "area":
-        fy, fx = ch / size, cw / size
-        if max(fy, fx) > _GAUSSIAN_MAX_FACTOR:
-            flag = cv2.INTER_AREA if min(fy, fx) >= 1.0 else cv2.INTER_LINEAR
+        if max(ch, cw) > _PREFILTER_MAX_FACTOR * size:
+            flag = cv2.INTER_AREA if min(ch, cw) >= size else cv2.INTER_LINEAR
             return cv2.resize(crop, (size, size), interpolation=flag)
-        sy, sx = _prefilter_sigma(fy), _prefilter_sigma(fx)
-        if sy > 0.0 or sx > 0.0:
-            # a sigma of 0 would make OpenCV derive one from the kernel size: use a
-            # vanishing one instead, whose 1-tap kernel leaves that axis as it is
-            crop = cv2.GaussianBlur(crop, (0, 0), sigmaX=sx or 1e-6, sigmaY=sy or 1e-6)
+        ky, kx = _prefilter(ch, size), _prefilter(cw, size)
+        if ky is not None or kx is not None:
+            crop = cv2.sepFilter2D(crop, -1, _IDENTITY if kx is None else kx,
+                                   _IDENTITY if ky is None else ky,
+                                   borderType=cv2.BORDER_REFLECT_101)
     return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
 
 
