@@ -48,6 +48,7 @@ from asyncfeed import ImageFolder
 from asyncfeed._bench.workloads import PilAugment
 from asyncfeed._data import augment
 from asyncfeed._data.augment import RandomResizedCrop, draw_window, sample_uniforms
+from asyncfeed._data.image import Interpolation
 
 
 def _folder(path: str | None) -> str:
@@ -134,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             kw = {} if k == 1 else {"min_height": -(-h // k), "min_width": -(-w // k)}
             simplejpeg.decode_jpeg(r, colorspace="RGB", **kw)
 
-    def resize(interp: str):
+    def resize(interp: Interpolation):
         def run() -> None:
             for c in decoded:
-                augment._resize(c, args.size, interp, cv2)  # type: ignore[arg-type]
+                augment._resize(c, args.size, interp, cv2)
         return run, n
 
     def inter_area() -> None:  # OpenCV's box filter, for comparison
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, c in enumerate(resized):
             augment.hwc_to_chw(cv2.flip(c, 1) if wins[i].flip else c, out)
 
-    def whole(interp: str):
+    def whole(interp: Interpolation):
         dec = augment.RandomResizedCropDecoder(args.size, interpolation=interp, seed=0)
 
         def run() -> None:
