@@ -229,6 +229,19 @@ def test_area_antialiases_like_torchvision_and_linear_does_not(side):
     assert mean_abs(area, tv) < 0.5 * mean_abs(linear, tv)
 
 
+@pytest.mark.parametrize("side", [230, 260, 300, 360, 448, 700, 896])
+def test_the_prefilter_adds_the_variance_torchvision_has_over_bilinear(side):
+    """torchvision's filter at a shrink f is a triangle of half-width f (variance
+    f**2 / 6), bilinear's one of half-width 1 (1 / 6): the kernel has the rest."""
+    k = augment._prefilter(side, 224).astype(np.float64)
+    x = np.arange(len(k)) - len(k) // 2
+    f = side / 224
+    assert k.sum() == pytest.approx(1.0, abs=1e-6) and np.all(k >= 0)
+    assert np.allclose(k, k[::-1])
+    assert (k * x * x).sum() == pytest.approx((f * f - 1) / 6, rel=0.02)
+    assert augment._prefilter(224, 224) is None and augment._prefilter(100, 224) is None
+
+
 def test_a_large_window_is_decoded_at_a_reduced_scale(monkeypatch):
     calls = []
     real = simplejpeg.decode_jpeg
