@@ -31,8 +31,8 @@ def test_the_plan_compares_the_fused_path_with_every_pipeline(tmp_path, monkeypa
     h = bench.configs["h"]
     got = {(c.family, c.knob, c.dataset) for c in h}
     assert got == {("limit", 1, "train"), ("limit", 2, "train"), ("asyncfeed", None, "train"),
-                   ("asyncfeed", None, "pil")} | {("dataloader", w, ds) for w in (0, 2, 4)
-                                                  for ds in ("pil", "train")}
+                   ("asyncfeed", 2, "train"), ("asyncfeed", None, "pil")} | {
+                       ("dataloader", w, ds) for w in (0, 2, 4) for ds in ("pil", "train")}
     assert bench.skipped["torchvision (h)"].startswith("skipped (not installed)")
     spec = bench._spec(next(c for c in h if c.family == "asyncfeed" and c.dataset == "train"))
     assert spec["dataset"]["normalize"] is True and spec["dataset"]["samples"] == 640

@@ -7,8 +7,9 @@ Every contender turns the folder's JPEGs into random-resized-crop (to ``size``)
   ``uint8`` rows; the consumer normalizes each batch with
   :func:`asyncfeed.normalize` (one op per batch, on the bench's device; on the
   CPU on the consumer's thread alone, see :func:`normalized`), counted in the
-  run's time and CPU.  Run by ``AsyncLoader`` (its defaults) and by DataLoader
-  (``w`` = 0, cores, 2 x cores).
+  run's time and CPU.  Run by ``AsyncLoader`` (its defaults, whose one short
+  epoch includes measuring its executions, and ``num_threads`` = cores, which
+  fixes the execution) and by DataLoader (``w`` = 0, cores, 2 x cores).
 * ``pil``: workload (g)'s :class:`~.workloads.PilAugment` (PIL decode,
   RandomResizedCrop, flip, float normalize, written with PIL and numpy), run by
   DataLoader and by ``AsyncLoader`` as a drop-in.
@@ -109,7 +110,10 @@ def plan(bench: Any) -> list[Config]:
     workers = tuple(w for w in s.workers if w in (0, s.cores, 2 * s.cores)) or s.workers
     cfgs: list[Config] = bench._limits("h", "train")
     if has("asyncfeed"):
-        cfgs.append(Config("h", "asyncfeed", None, dataset="train", role="default"))
+        # its defaults (the first epoch measures executions), and one thread per
+        # core fixed: the loader's path without that exploration
+        cfgs += [Config("h", "asyncfeed", None, dataset="train", role="default"),
+                 Config("h", "asyncfeed", s.cores, dataset="train", role="sweep")]
     sets = ["pil", "train"]
     why = torchvision_missing()
     if why is None:
