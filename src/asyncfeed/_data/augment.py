@@ -225,24 +225,29 @@ def _prefilter(side: int, size: int) -> np.ndarray | None:
     torchvision's antialiased bilinear resize filters with a triangle of
     half-width ``f = side / size`` input pixels (variance ``f**2 / 6``); bilinear
     sampling alone is the triangle of half-width 1 (variance ``1 / 6``).  The
-    kernel supplies the difference, ``v = (f**2 - 1) / 6``, exactly as a discrete
-    variance: ``[v/2, 1 - v, v/2]`` up to ``v = 1/2`` (a Gaussian sampled that
-    narrow would lose its variance between the taps), a sampled Gaussian of
-    variance ``v`` beyond.
+    kernel supplies the difference, ``v = (f**2 - 1) / 6``, as its discrete
+    variance: ``[v/2, 1 - v, v/2]`` (exactly) up to ``v = 1/2``, where a Gaussian
+    sampled that narrow would lose its variance between the taps; a sampled
+    Gaussian of variance ``v`` (within a few percent) beyond.  Cached and shared
+    between threads, so read-only.
     """
     f = side / size
     v = (f * f - 1.0) / 6.0
     if v < 1e-3:
         return None
     if v <= 0.5:
-        return np.array([v / 2, 1.0 - v, v / 2], np.float32)
-    r = math.ceil(3.0 * math.sqrt(v))
-    x = np.arange(-r, r + 1, dtype=np.float64)
-    g = np.exp(-x * x / (2.0 * v))
-    return (g / g.sum()).astype(np.float32)
+        k = np.array([v / 2, 1.0 - v, v / 2], np.float32)
+    else:
+        r = math.ceil(3.0 * math.sqrt(v))
+        x = np.arange(-r, r + 1, dtype=np.float64)
+        g = np.exp(-x * x / (2.0 * v))
+        k = (g / g.sum()).astype(np.float32)
+    k.flags.writeable = False
+    return k
 
 
 _IDENTITY = np.ones(1, np.float32)
+_IDENTITY.flags.writeable = False
 
 
 def _resize(crop: np.ndarray, size: int, interpolation: Interpolation, cv2: Any) -> np.ndarray:
