@@ -111,3 +111,18 @@ def test_the_consumers_normalize_is_asyncfeeds_on_one_thread(monkeypatch):
         torch.set_num_threads(before)
     f = torch.zeros(2, 3, 4, 4)
     assert augment.normalized(f) is f
+
+
+def test_torchvision_that_does_not_import_is_told_apart_from_missing(monkeypatch):
+    def fails(exc):
+        def imp(name):
+            raise exc
+        return imp
+    monkeypatch.setattr(augment.importlib, "import_module",
+                        fails(ModuleNotFoundError("No module named 'torchvision'")))
+    assert augment.torchvision_missing().startswith("skipped (not installed): torchvision")
+    monkeypatch.setattr(augment.importlib, "import_module",
+                        fails(RuntimeError("operator torchvision::nms does not exist")))
+    why = augment.torchvision_missing()
+    assert why.startswith("skipped (installed, but does not import with this torch")
+    assert "torchvision::nms" in why

@@ -16,7 +16,8 @@ Every contender turns the folder's JPEGs into random-resized-crop (to ``size``)
 * ``tv-folder``: ``torchvision.datasets.ImageFolder``'s loader with
   ``transforms.v2`` RandomResizedCrop/flip/ToDtype/Normalize; ``tv-decode``: file
   bytes, ``torchvision.io.decode_jpeg`` and the same v2 transforms.  Optional:
-  where torchvision is not installed these rows are skipped, with the reason.
+  where torchvision is not installed, or does not import (a build for another
+  torch), these rows are skipped, with the reason.
 
 The limit lines run the fused per-sample function (``ImageFolder(train=True)[i]``)
 one process per core, with no loader and no normalize: on a CPU-only machine the
@@ -48,8 +49,13 @@ def torchvision_missing() -> str | None:
     try:
         importlib.import_module("torchvision.transforms.v2")
         importlib.import_module("torchvision.io")
-    except Exception as e:  # noqa: BLE001 - any import failure means "cannot run"
+    except ModuleNotFoundError as e:
         return f"skipped (not installed): torchvision: {type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - any import failure means "cannot run"
+        # e.g. a CUDA build beside a CPU-only torch: its extension needs torch's CUDA
+        # libraries, and registering its operators fails
+        return (f"skipped (installed, but does not import with this torch {torch.__version__}): "
+                f"torchvision: {type(e).__name__}: {e}")
     return None
 
 
