@@ -94,6 +94,8 @@ def main() -> None:
                          "then shows them)")
     ap.add_argument("--workdir", help="where generated files live (default: $TMPDIR)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per round's process")
+    ap.add_argument("--workers", default=",".join(map(str, DL_WORKERS)),
+                    help="DataLoader num_workers settings, comma-separated (0,2,4)")
     args = ap.parse_args()
     names = [n for n in args.datasets.split(",") if n]
     unknown = [n for n in names if n not in userdata.DATASETS]
@@ -105,7 +107,8 @@ def main() -> None:
                                                            "asyncfeed-outcome"))
     os.makedirs(workdir, exist_ok=True)
     conditions = ["quiet"] + (["neighbour"] if args.neighbour else [])
-    contenders: list[tuple[str, int | None]] = [("dataloader", w) for w in DL_WORKERS]
+    contenders: list[tuple[str, int | None]] = [("dataloader", int(w))
+                                                      for w in args.workers.split(",") if w]
     contenders.append(("asyncfeed", None))
     # SIGTERM (and SIGINT, which a shell ignores in background jobs) end the run through
     # its ``finally``: the neighbour is killed and the fork server closed
