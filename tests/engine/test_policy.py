@@ -223,6 +223,31 @@ def test_the_search_is_bounded_by_the_ladder_not_the_cores():
     assert len(set(ran)) <= 5 and len(ran) <= 16, ran
 
 
+@pytest.mark.parametrize("cores", [16, 96])
+@pytest.mark.parametrize("kind", [gil_bound, tiny])
+def test_rows_whose_threads_do_not_scale_skip_the_rungs_between(cores, kind):
+    """One duel against one thread shows that threads do not scale; the search then
+    reaches processes and inline in as many windows on 96 cores as on 16."""
+    _, ran = run(space(cores), kind(cores), 0.02)
+    assert len(ran) <= 12, ran
+    counts = {c.count for c in ran if c.mode is Mode.THREADS}
+    assert counts == {1, 2, cores}, counts
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_a_thread_count_between_one_and_the_cores_is_still_found(cores):
+    """Rows that scale to a few threads and then slow down (contention): the top
+    beats one thread, and the walk down finds the best rung."""
+    def humped(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 900.0
+        if x.mode is Mode.THREADS:
+            return {1: 1000.0, 2: 1500.0, 4: 1900.0}.get(x.count, 1200.0)
+        return 800.0
+    rec, _ = run(space(cores, pool=cores + 2), humped, 0.02)
+    assert decide(rec, space(cores, pool=cores + 2)).choice == threads(4)
+
+
 # -------------------------------------------------------- processes' start
 def test_processes_that_cannot_start_count_out_after_the_attempts():
     sp = space(2)

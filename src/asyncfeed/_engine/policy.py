@@ -33,16 +33,23 @@ probe, a row's CPU time) explain the choice in ``stats()``; they never decide.
 
 The search, replayed from the record by :func:`decide` (a pure function):
 
-1. *down*: from the start candidate, duel the next cheaper thread count of the
-   ladder (half the threads, ..., one thread) while the cheaper one stays;
-2. *up*: if no cheaper count won, duel the next dearer one while it wins;
-3. *processes*: duel the best so far against the process candidate, unless the
+1. *bottom*: duel the start candidate (threads at the cores) against one
+   thread, the bottom of the ladder.  Where one thread stays, threads do not
+   scale past it (the GIL, or contention): the rungs between are not walked,
+   and the search climbs from one thread instead (step 3).  This keeps the
+   search to a few duels however many cores there are, where rows that hold
+   the GIL would otherwise walk every rung of a long ladder before reaching
+   processes;
+2. *down*: where the start won, duel the next cheaper thread count of the
+   ladder (half the threads, ...) while the cheaper one stays;
+3. *up*: if no cheaper count won, duel the next dearer one while it wins;
+4. *processes*: duel the best so far against the process candidate, unless the
    measured rates leave processes no room: ``min(cores, workers)`` processes
    cannot go faster than that many times one thread's measured rate (one
    thread alone runs the per-sample function at a core's speed), so where the
    best rate is already within the margin of that bound the duel is skipped.
-   One thread's rate is measured for this where the down phase did not.
-4. *inline*: where one thread or processes won, duel inline (the consumer
+   One thread's rate is measured for this where no duel did.
+5. *inline*: where one thread or processes won, duel inline (the consumer
    loads the rows itself) against it.  Processes come before inline so that
    rows whose threads do not scale reach processes after one duel.
 
@@ -330,7 +337,7 @@ class _Replay:
         self.solo: list[Window] = []   # one thread's windows (the processes bound)
         self.seen: list[Window] = []   # every window so far
         self.fresh: list[Window] = []  # the windows of this search (since a re-check)
-        self.phases = ["down", "up", "processes", "inline"]
+        self.phases = ["bottom", "down", "up", "processes", "inline"]
         self.single_step = False       # a re-check: one duel a phase
         self.tried: set[Candidate] = set()
         self.moved = False             # the current phase moved the choice
@@ -364,6 +371,11 @@ class _Replay:
         if phase in ("up", "processes") and self._keeps_up():
             self.skipped = self.skipped or Reason.CONSUMER
             return None
+        if phase == "bottom":
+            one = threads(1)
+            if self.single_step or one not in self.rungs or one in self.tried or i <= 0:
+                return None
+            return one
         if phase in ("down", "up"):
             if i < 0 or (self.single_step and self.moved):
                 return None
@@ -482,7 +494,12 @@ class _Replay:
         self.reason = Reason.FASTER if won == duel.dear else Reason.CHEAPER
         self.choice_rate = duel.dear_rate if won == duel.dear else duel.cheap_rate
         phase = self.phases[0]
-        if (phase == "down" and won != duel.cheap) or (phase == "up" and won != duel.dear):
+        if phase == "bottom":
+            self.phases.pop(0)  # one duel; where one thread stayed, nothing below the start
+            if won == duel.cheap:  # can win: climb from one thread instead
+                self.phases.remove("down")
+            self.moved = False
+        elif (phase == "down" and won != duel.cheap) or (phase == "up" and won != duel.dear):
             self.phases.pop(0)
             self.moved = False
         self._advance()
