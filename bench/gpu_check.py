@@ -913,7 +913,8 @@ def section_training(args: argparse.Namespace, dev: torch.device) -> dict:
                                    {"num_threads": al.num_threads, "prefetch": al.prefetch},
                                    lambda: {"slot_waits": al.stats().slot_waits,
                                             "path": al.stats().path,
-                                            "host_wait_s": al.stats().wait_s}))
+                                            "host_wait_s": al.stats().wait_s,
+                                            "execution": str(al.stats().execution)}))
             else:
                 dl = DataLoader(ds, batch_size=B, sampler=order, num_workers=w, pin_memory=True,
                                 drop_last=True, persistent_workers=False, timeout=120)

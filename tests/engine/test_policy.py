@@ -319,12 +319,16 @@ class _Control:
         self.runs: Candidate | None = None
         self.applied: list[Candidate] = []
         self.primed = True
+        self.drain_until = 0.0
 
     def waited(self) -> float:
         return self.clock[0]  # the consumer only waits: the loader is the bottleneck
 
     def completed(self):
         return self.rows, self.events, self.last
+
+    def draining(self) -> bool:
+        return self.drain_until > self.clock[0]
 
     def apply(self, c: Candidate) -> bool:
         self.runs = c
@@ -373,6 +377,26 @@ def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost
         ctl2.advance(0.02)
         ch.tick()
     assert len(ch.record.recheck_at) == rechecks
+
+
+def test_no_window_opens_while_a_stage_that_was_left_still_runs_rows():
+    """Leaving processes, the workers finish the rows they hold and their replies
+    compete with the candidate now running: its windows start once they are in."""
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(gil_free(2), clock)
+    ch.begin_pass(ctl)
+    ctl.drain_until = 0.5
+    for _ in range(24):  # to 0.48 s
+        ctl.advance(0.02)
+        ch.tick()
+        assert ch._w0 is None
+    assert ch.record.windows == []
+    for _ in range(10):
+        ctl.advance(0.02)
+        ch.tick()
+    assert ch.record.windows  # (the first window after the drain is the warm-up)
+    assert all(w.seconds < 0.2 for w in ch.record.windows)
 
 
 def test_rechecks_back_off_on_a_rate_that_keeps_moving():

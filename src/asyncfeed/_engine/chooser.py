@@ -56,6 +56,12 @@ class ExecutionControl(Protocol):
         """The consumer's wait for batches so far this pass (seconds)."""
         ...
 
+    def draining(self) -> bool:
+        """Whether rows started under an earlier candidate still run (a process
+        stage left with tasks in hand): their replies compete with the candidate
+        now running, so no window opens until they are in."""
+        ...
+
     @property
     def primed(self) -> bool:
         """Past the pass's start: its rate is the pass's, not the credit filling."""
@@ -193,7 +199,8 @@ class Chooser:
         w0 = self._w0
         if w0 is None:  # the pass's first completion once primed opens its first window
             self._w0 = (last, rows, events, control.waited()) \
-                if events > max(0, self._opens_after) and control.primed else None
+                if events > max(0, self._opens_after) and control.primed \
+                and not control.draining() else None
             return self._window_s / 4
         if events == w0[2]:
             return self._window_s / 4

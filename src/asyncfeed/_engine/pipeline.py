@@ -320,6 +320,11 @@ class Pipeline(BatchHandoff):
         since = self.waiting_since
         return self.acct.consumer_wait() + (time.perf_counter() - since if since else 0.0)
 
+    def draining(self) -> bool:
+        """Whether a process stage this pass left still runs rows of it (see
+        ``chooser.ExecutionControl``)."""
+        return any(s is not self.stage and s.holds(self) for s in self._stages)
+
     def count_done(self, rows: int) -> None:
         """``rows`` rows were reported done by one task or reply (call with ``cond``
         held)."""

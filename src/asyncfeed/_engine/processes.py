@@ -1000,6 +1000,11 @@ class ProcessStage:
             self._forget.append(path)
 
     # ----------------------------------------------------------------- closing
+    def holds(self, p: Pipeline) -> bool:
+        """Whether rows of the pass ``p`` are still with the workers or in the backlog."""
+        with self._lock:
+            return any(e[0] is p for e in self._pending.values())
+
     def drop_pipeline(self, p: Pipeline) -> None:
         """The pass ``p`` is over: results still coming for it are dropped (the
         results thread ends once the workers have sent back what they hold)."""
