@@ -203,7 +203,8 @@ def test_an_exception_whose_str_raises_keeps_the_index(on_error):
         assert "sample 3" in str(err) and "BadStr" in str(err)
     else:
         assert err is None and [s.index for s in skipped] == [3]
-        assert skipped[0].error.startswith("BadStr: ")
+        assert skipped[0].error_type == "BadStr"
+        assert skipped[0].error.startswith("BadStr: ")  # the text, though str() raised
         assert sum((b.flatten().tolist() for b in got), []) == [0, 1, 2, 4, 5, 6, 7]
 
 

@@ -71,41 +71,13 @@ def execute(spec: dict) -> dict:
     handle = contenders.open_loader(family, knob, dataset, order, bs, device=device,
                                     context=spec.get("context"), seed=spec.get("seed", 0))
     t_built = time.perf_counter()
-    info = {**handle_info(family, knob, spec), **(handle.info or {})}
-    resolved = getattr(handle.iterable, "num_threads", None)
-    if isinstance(resolved, int):
-        info["resolved_threads"] = resolved
+    info = _loader_info(handle, family, knob, spec)
     arrivals: list[float] = []
     sizes: list[int] = []
     waits: list[float] = []
-    samples = 0
-    shape = None
     it = iter(handle)
     try:
-        while True:
-            w0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            now = time.perf_counter()
-            images = _images(batch)
-            if device.startswith("cuda") and not family.startswith("asyncfeed"):
-                images = images.to(device, non_blocking=True)
-            if spec["dataset"].get("normalize"):  # workload h: uint8 rows, as training would
-                images = normalized(images)
-            n = int(images.shape[0])
-            if shape is None:
-                shape = [int(s) for s in images.shape[1:]] + [str(images.dtype)]
-            samples += n
-            arrivals.append(now - t0)
-            sizes.append(n)
-            waits.append(now - w0)
-            del batch, images
-            if mode == "ttfb" and samples >= expect:
-                break
-            if step_s:
-                time.sleep(step_s)  # the simulated training step (releases the GIL)
+        samples, shape = _consume(it, spec, t0, expect, arrivals, sizes, waits)
         if device.startswith("cuda"):
             import torch
             torch.cuda.synchronize()
@@ -113,28 +85,10 @@ def execute(spec: dict) -> dict:
         if spec.get("pause", True):
             _pause("end", marks)  # every worker is still alive here
         t_resume = time.perf_counter()
-        stats = None
-        if handle.stats is not None:
-            try:
-                raw = handle.stats()
-                stats = _plain(raw)
-                ex = getattr(raw, "execution", None)
-                if ex is not None and isinstance(stats, dict):  # a sentence, and its fields
-                    stats["execution"] = str(ex)
-                    stats["execution_mode"] = str(getattr(getattr(ex, "mode", ""), "value", ""))
-                    stats["execution_count"] = getattr(ex, "count", None)
-            except Exception as e:  # noqa: BLE001 - stats are a bonus, not the measurement
-                stats = {"error": repr(e)}
+        stats = _loader_stats(handle)
     finally:
         closing = time.perf_counter()
-        close_errors = []
-        for step in (getattr(it, "close", None), handle.close):
-            try:
-                if step is not None:
-                    step()
-            except Exception as e:  # noqa: BLE001 - reported with the run, figures stay valid
-                close_errors.append(f"{type(e).__name__}: {e}")
-        close_error = "; ".join(close_errors) or None
+        close_error = _close(it, handle)
         del it, handle
     t_closed = time.perf_counter()
     cpu1 = _cpu()
@@ -145,8 +99,6 @@ def execute(spec: dict) -> dict:
     warm = max(1, len(arrivals) // 10)
     steady_rate = _slope(arrivals[warm:], sizes[warm:]) if mode != "ttfb" else None
     elapsed = arrivals[-1] if arrivals else None
-    cpu_user = cpu1[0] - cpu0[0]
-    cpu_sys = cpu1[1] - cpu0[1]
     out = {
         "samples": samples,
         "batches": len(arrivals),
@@ -159,11 +111,7 @@ def execute(spec: dict) -> dict:
         "rate": (samples / elapsed) if elapsed else None,  # the epoch, from building the loader
         "steady_rate": steady_rate,
         "warmup_batches": warm,
-        "cpu_user_s": cpu_user,
-        "cpu_sys_s": cpu_sys,
-        "cpu_s": cpu_user + cpu_sys,
-        "cpu_per_sample_ms": (cpu_user + cpu_sys) / samples * 1e3 if samples else None,
-        "process_cpu_s": cpu1[0] + cpu1[1],
+        **_cpu_figures(cpu0, cpu1, samples),
         "arrivals_s": [round(a, 5) for a in arrivals],
         "batch_waits_s": [round(w, 5) for w in waits],
         "threads_before": threads_before,
@@ -174,12 +122,103 @@ def execute(spec: dict) -> dict:
         "close_error": close_error,
     }
     if step_s:
-        wait_after = sum(waits[1:])
-        steps = step_s * max(0, len(waits) - 1)
-        out["step_s"] = step_s
-        out["wait_s"] = wait_after
-        out["wait_fraction"] = wait_after / (wait_after + steps) if (wait_after + steps) else None
+        out.update(_step_figures(step_s, waits))
     return out
+
+
+def _loader_info(handle: Any, family: str, knob: Any, spec: dict) -> dict:
+    """What the run records about the loader: its settings, and the thread count
+    it resolved where it has one."""
+    info = {**handle_info(family, knob, spec), **(handle.info or {})}
+    resolved = getattr(handle.iterable, "num_threads", None)
+    if isinstance(resolved, int):
+        info["resolved_threads"] = resolved
+    return info
+
+
+def _cpu_figures(cpu0: tuple[float, float], cpu1: tuple[float, float], samples: int) -> dict:
+    """The run's CPU time (user, system, both, per sample) between two ``_cpu()``
+    readings, and the process's total at the end."""
+    cpu_user = cpu1[0] - cpu0[0]
+    cpu_sys = cpu1[1] - cpu0[1]
+    return {"cpu_user_s": cpu_user, "cpu_sys_s": cpu_sys, "cpu_s": cpu_user + cpu_sys,
+            "cpu_per_sample_ms": (cpu_user + cpu_sys) / samples * 1e3 if samples else None,
+            "process_cpu_s": cpu1[0] + cpu1[1]}
+
+
+def _consume(it: Any, spec: dict, t0: float, expect: int, arrivals: list[float],
+             sizes: list[int], waits: list[float]) -> tuple[int, list | None]:
+    """Take batches from ``it`` as the training loop would (to the device, the
+    simulated step), appending each batch's arrival (since ``t0``), size and wait;
+    (samples taken, the first batch's sample shape and dtype)."""
+    family, device = spec["family"], spec.get("device", "cpu")
+    mode, step_s = spec["mode"], spec.get("step_s") or 0.0
+    samples = 0
+    shape = None
+    while True:
+        w0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        now = time.perf_counter()
+        images = _images(batch)
+        if device.startswith("cuda") and not family.startswith("asyncfeed"):
+            images = images.to(device, non_blocking=True)
+        if spec["dataset"].get("normalize"):  # workload h: uint8 rows, as training would
+            images = normalized(images)
+        n = int(images.shape[0])
+        if shape is None:
+            shape = [int(s) for s in images.shape[1:]] + [str(images.dtype)]
+        samples += n
+        arrivals.append(now - t0)
+        sizes.append(n)
+        waits.append(now - w0)
+        del batch, images
+        if mode == "ttfb" and samples >= expect:
+            break
+        if step_s:
+            time.sleep(step_s)  # the simulated training step (releases the GIL)
+    return samples, shape
+
+
+def _loader_stats(handle: Any) -> Any:
+    """The loader's own ``stats()`` as plain data (None without; the error where
+    it raised): with an execution report, its sentence and its fields."""
+    stats = None
+    if handle.stats is not None:
+        try:
+            raw = handle.stats()
+            stats = _plain(raw)
+            ex = getattr(raw, "execution", None)
+            if ex is not None and isinstance(stats, dict):  # a sentence, and its fields
+                stats["execution"] = str(ex)
+                stats["execution_mode"] = str(getattr(getattr(ex, "mode", ""), "value", ""))
+                stats["execution_count"] = getattr(ex, "count", None)
+        except Exception as e:  # noqa: BLE001 - stats are a bonus, not the measurement
+            stats = {"error": repr(e)}
+    return stats
+
+
+def _close(it: Any, handle: Any) -> str | None:
+    """Close the iterator, then the loader; what either raised, or None."""
+    close_errors = []
+    for step in (getattr(it, "close", None), handle.close):
+        try:
+            if step is not None:
+                step()
+        except Exception as e:  # noqa: BLE001 - reported with the run, figures stay valid
+            close_errors.append(f"{type(e).__name__}: {e}")
+    return "; ".join(close_errors) or None
+
+
+def _step_figures(step_s: float, waits: list[float]) -> dict:
+    """With a simulated training step: the share of the time spent waiting for data
+    (after the first batch)."""
+    wait_after = sum(waits[1:])
+    steps = step_s * max(0, len(waits) - 1)
+    return {"step_s": step_s, "wait_s": wait_after,
+            "wait_fraction": wait_after / (wait_after + steps) if (wait_after + steps) else None}
 
 
 def _slope(times: list[float], sizes: list[int]) -> float | None:

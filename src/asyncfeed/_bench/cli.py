@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -58,14 +58,21 @@ def _names(choices: Sequence[str]):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .contenders import FAMILIES
-    from .workloads import WORKLOADS
     p = argparse.ArgumentParser(
         prog="asyncfeed", description="Keep GPUs fed: benchmark and profile data loading.",
         epilog="asyncfeed bench --help and asyncfeed profile --help list each command's "
                "options.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
+    _bench_parser(sub)
+    _profile_parser(sub)
+    return p
+
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    """``asyncfeed bench`` and its options."""
+    from .contenders import FAMILIES
+    from .workloads import WORKLOADS
     b = sub.add_parser(
         "bench", help="benchmark asyncfeed against DataLoader, torchdata.nodes and SPDL",
         description="Run every contender on the same per-sample function (read, decode, "
@@ -95,25 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="size of workload f's CIFAR-like set, one epoch per run (20000)")
     b.add_argument("--ceiling-threads", type=_ints, default=(8, 16, 32, 64, 128, 256),
                    help="thread counts of the ceiling workload (8,16,32,64,128,256)")
-    b.add_argument("--latency", type=float, default=0.02,
-                   help="seconds per HTTP request in workload e (0.02; the median with --p99)")
-    b.add_argument("--p99", type=float, default=0.0,
-                   help="workload e: the servers' latency is lognormal with this 99th "
-                        "percentile (seconds; 0: fixed)")
-    b.add_argument("--errors", type=float, default=0.0,
-                   help="workload e: share of first attempts answered 503")
-    b.add_argument("--stalls", type=float, default=0.0,
-                   help="workload e: share of requests stalling --stall-s seconds")
-    b.add_argument("--stall-s", type=float, default=2.0)
-    b.add_argument("--tail", action="store_true",
-                   help="workload e: the realistic server: --p99 0.25 --errors 0.1 --stalls 0.01")
-    b.add_argument("--remote", type=_names(("http", "s3", "mount")), default=("http",),
-                   help="workload e's storage: comma-separated http,s3 (moto behind a proxy),"
-                        "mount (a FUSE passthrough of the folder; needs /dev/fuse) (http)")
-    b.add_argument("--mount-ms", type=_floats, default=(2.0, 10.0),
-                   help="workload e, mount: milliseconds per open and per first read (2,10)")
-    b.add_argument("--remote-samples", type=int, default=None,
-                   help="samples per run in workload e (2/5 of --samples)")
+    _remote_args(b)
     b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
                    help="comma-separated subset of " + ",".join(FAMILIES))
     b.add_argument("--repeats", type=int, default=None,
@@ -142,9 +131,29 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a single run is killed and reported as failed")
     b.add_argument("--seed", type=int, default=0)
-    _profile_parser(sub)
-    return p
 
+
+def _remote_args(b: argparse.ArgumentParser) -> None:
+    """``asyncfeed bench``'s options for workload e (remote storage)."""
+    b.add_argument("--latency", type=float, default=0.02,
+                   help="seconds per HTTP request in workload e (0.02; the median with --p99)")
+    b.add_argument("--p99", type=float, default=0.0,
+                   help="workload e: the servers' latency is lognormal with this 99th "
+                        "percentile (seconds; 0: fixed)")
+    b.add_argument("--errors", type=float, default=0.0,
+                   help="workload e: share of first attempts answered 503")
+    b.add_argument("--stalls", type=float, default=0.0,
+                   help="workload e: share of requests stalling --stall-s seconds")
+    b.add_argument("--stall-s", type=float, default=2.0)
+    b.add_argument("--tail", action="store_true",
+                   help="workload e: the realistic server: --p99 0.25 --errors 0.1 --stalls 0.01")
+    b.add_argument("--remote", type=_names(("http", "s3", "mount")), default=("http",),
+                   help="workload e's storage: comma-separated http,s3 (moto behind a proxy),"
+                        "mount (a FUSE passthrough of the folder; needs /dev/fuse) (http)")
+    b.add_argument("--mount-ms", type=_floats, default=(2.0, 10.0),
+                   help="workload e, mount: milliseconds per open and per first read (2,10)")
+    b.add_argument("--remote-samples", type=int, default=None,
+                   help="samples per run in workload e (2/5 of --samples)")
 
 def _profile_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -320,7 +329,7 @@ def bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from . import report
-    from .runner import Bench, Settings, default_threads, default_workers, machine_info
+    from .runner import Bench, default_threads, machine_info
 
     t_start = time.time()
     cores = _cores()
@@ -342,29 +351,7 @@ def bench(args: argparse.Namespace) -> int:
         except FileNotFoundError as e:
             print(f"asyncfeed bench: {e}", file=sys.stderr)
             return 2
-        settings = Settings(
-            root=data["root"], synthetic=data["synthetic"], listing=data["listing"],
-            size=args.size, batch_size=batch,
-            workloads=_workloads(args),
-            samples_remote=args.remote_samples or (samples if quick
-                                                   else max(batch, samples * 2 // 5)),
-            latency=args.latency, tail=_tail(args), remotes=tuple(args.remote),
-            mount_ms=tuple(args.mount_ms),
-            families=tuple(args.contenders), repeats=args.repeats or (1 if quick else 3),
-            samples=samples, samples_ram=samples if quick else max(batch, samples * 4 // 5),
-            samples_gil=max(batch, samples // 2),
-            workers=args.workers or ((0, 2) if quick else default_workers(cores)),
-            threads=threads, cores=cores,
-            ram_mb=args.ram_mb if args.ram_mb is not None else (8.0 if quick else 192.0),
-            step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
-            quick=quick, interpolation=args.interpolation,
-            ttfb_workers=1 if quick else cores, sweep_asyncfeed=not quick,
-            single_limit=not quick, retry_disturbed=not quick,
-            samples_cifar=2048 if quick else args.cifar_samples,
-            samples_pil=samples if quick else max(batch, samples // 2),
-            samples_noop=2048 if quick else 20_000,
-            ceiling_threads=(8, 32) if quick else args.ceiling_threads,
-            ceiling_seconds=0.3 if quick else 1.0)
+        settings = _settings(args, data, cores, batch, samples, threads, device)
         runner = Bench(settings)
         runner.plan()
         for fam, why in runner.skipped.items():
@@ -393,6 +380,38 @@ def bench(args: argparse.Namespace) -> int:
     failed = [c for rows in results["runs"].values() for c in rows
               for r in c["runs"] if not r.get("ok")]
     return 1 if failed else 0
+
+
+def _settings(args: argparse.Namespace, data: dict, cores: int, batch: int, samples: int,
+              threads: tuple[int, ...], device: str) -> Any:
+    """The run's :class:`~.config.Settings` from the command line (``--quick``
+    shrinks every set and sweep)."""
+    from .runner import Settings, default_workers
+
+    quick = args.quick
+    return Settings(
+        root=data["root"], synthetic=data["synthetic"], listing=data["listing"],
+        size=args.size, batch_size=batch,
+        workloads=_workloads(args),
+        samples_remote=args.remote_samples or (samples if quick
+                                               else max(batch, samples * 2 // 5)),
+        latency=args.latency, tail=_tail(args), remotes=tuple(args.remote),
+        mount_ms=tuple(args.mount_ms),
+        families=tuple(args.contenders), repeats=args.repeats or (1 if quick else 3),
+        samples=samples, samples_ram=samples if quick else max(batch, samples * 4 // 5),
+        samples_gil=max(batch, samples // 2),
+        workers=args.workers or ((0, 2) if quick else default_workers(cores)),
+        threads=threads, cores=cores,
+        ram_mb=args.ram_mb if args.ram_mb is not None else (8.0 if quick else 192.0),
+        step_load=args.step_load, device=device, timeout=args.timeout, seed=args.seed,
+        quick=quick, interpolation=args.interpolation,
+        ttfb_workers=1 if quick else cores, sweep_asyncfeed=not quick,
+        single_limit=not quick, retry_disturbed=not quick,
+        samples_cifar=2048 if quick else args.cifar_samples,
+        samples_pil=samples if quick else max(batch, samples // 2),
+        samples_noop=2048 if quick else 20_000,
+        ceiling_threads=(8, 32) if quick else args.ceiling_threads,
+        ceiling_seconds=0.3 if quick else 1.0)
 
 
 def _has_pss() -> bool:

@@ -186,11 +186,23 @@ def _spdl(ds: Any, order: list[int], bs: int, threads: int, pin: bool) -> Handle
                                      "sink_buffer": 3})
 
 
+class MapOnly:
+    """Only ``__getitem__`` and ``__len__`` of a data set: ``AsyncLoader``'s map-style path."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
 def _asyncfeed(family: str, ds: Any, order: list[int], bs: int, threads: int | None,
                device: str, seed: int) -> Handle:
     from asyncfeed._engine.loader import AsyncLoader
 
-    from .workloads import MapOnly
     if family == "asyncfeed-map":
         ds = MapOnly(ds)
     kwargs: dict[str, Any] = {"batch_size": bs, "sampler": order, "seed": seed}

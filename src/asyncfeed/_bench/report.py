@@ -124,6 +124,69 @@ def lead_line(workload: str, rows: list[dict], *, quick: bool) -> str | None:
                    "; a full run")
 
 
+def _section_a(results: dict, s: dict, summ_a: list[dict]) -> tuple:
+    """Workload (a)'s table: title, headers, rows and the notes on twin rows."""
+    rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
+             _fmt(r.get("cpu_per_sample_ms"), ".2f"), _fmt(r.get("cpu_vs_w2"), ".2f"),
+             _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("ttfb_s"), ".3f")]
+            for r in summ_a]
+    twins = tuple(
+        f"{t['label']} and {t['twin']} are the same configuration; over both rows' "
+        f"{t['runs_in_median']} runs: {_fmt(t.get('rate'), ',.0f')}/s "
+        f"({_fmt(t.get('vs_limit'), '.2f')} of the limit), "
+        f"{_fmt(t.get('cpu_per_sample_ms'), '.2f')} ms CPU/sample "
+        f"({_fmt(t.get('cpu_vs_w2'), '.2f')}x w=2), peak PSS "
+        f"{_fmt(t.get('peak_pss_bytes'), 'mb')} MB" for t in results.get("twins") or [])
+    return (f"(a) {WORKLOADS['a']}: {s['samples']} samples per run",
+            ["contender", "samples/s", "x limit", "CPU ms/sample", "x w=2 CPU",
+             "peak PSS MB", "1st batch s"], rows, twins)
+
+
+def _section_e(s: dict, summ_e: list[dict]) -> tuple:
+    """Workload (e)'s table: title, headers, rows and notes on the servers."""
+    where = {"remote": "http", "remote0": "http 0 ms", "s3": "s3", "s30": "s3 0 ms",
+             "mount": "mount", "mount0": "page cache"}
+    rows = [[_name(r), where.get(r["dataset"], r["dataset"]),
+             _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_ref"), ".2f"),
+             _fmt(r.get("vs_dataloader_best"), ".2f"), _fmt(r.get("vs_zero_latency"), ".2f"),
+             _fmt(r.get("extra_requests"), ".1%"),
+             _fmt(r.get("cpu_per_sample_ms"), ".2f")] for r in summ_e]
+    if s.get("tail"):
+        from .httpserve import TailModel
+        model = TailModel(**s["tail"]).describe()
+    else:
+        model = f"{s.get('latency', 0.02) * 1e3:.0f} ms per request"
+    notes: tuple[str, ...] = ()
+    if "mount" in s.get("remotes", ()):
+        o, r1 = s.get("mount_ms", (2.0, 10.0))
+        notes += (f"mount: FUSE passthrough, {o:g} ms per open, {r1:g} ms per first read",)
+    notes += ("the servers are separate processes (their CPU is not counted); x at 0 ms: "
+              "against the same contender with a server that answers at once (the mount: "
+              "the folder in the page cache); extra req: hedged requests per read",)
+    return (f"(e) {WORKLOADS['e']}: {s.get('samples_remote')} samples per run; "
+            f"servers: {model}",
+            ["contender", "storage", "samples/s", "x w=cores", "x best w", "x at 0 ms",
+             "extra req", "CPU ms/sample"], rows, notes)
+
+
+def _section_ceiling(s: dict, summ_c: list[dict]) -> tuple:
+    """The ceiling workload's table: title, headers and rows, one row per thread count."""
+    by_t: dict[int, dict[str, dict]] = {}
+    for r in summ_c:
+        by_t.setdefault(r["knob"], {})[r["family"]] = r
+    rows = []
+    for t in sorted(by_t):
+        af, td = by_t[t].get("asyncfeed", {}), by_t[t].get("torchdata", {})
+        ideal = af.get("ideal_rate") or td.get("ideal_rate")
+        rows.append([str(t), _fmt(ideal, ",.0f"), _fmt(af.get("rate"), ",.0f"),
+                     _fmt(af.get("vs_ideal"), ".2f"), _fmt(td.get("rate"), ",.0f"),
+                     _fmt(td.get("vs_ideal"), ".2f")])
+    return (f"(ceiling) {WORKLOADS['ceiling']}; batch {s['batch_size']}, about "
+            f"{s.get('ceiling_seconds')} s per run at the ideal rate",
+            ["threads", "ideal T/5ms", "asyncfeed", "x ideal", "torchdata.nodes", "x ideal"],
+            rows)
+
+
 def sections(results: dict) -> list[Section]:
     """Every table of the report, in order: the headline, then each workload measured."""
     s, summ = results["settings"], results["summary"]
@@ -146,20 +209,7 @@ def sections(results: dict) -> list[Section]:
                    h.get("versus") or "-", _fmt(h.get("versus_rate"), ",.0f"),
                    _fmt(h.get("ratio"), "x")) for h in head)))
     if "a" in summ:
-        rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
-                 _fmt(r.get("cpu_per_sample_ms"), ".2f"), _fmt(r.get("cpu_vs_w2"), ".2f"),
-                 _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("ttfb_s"), ".3f")]
-                for r in summ["a"]]
-        twins = tuple(
-            f"{t['label']} and {t['twin']} are the same configuration; over both rows' "
-            f"{t['runs_in_median']} runs: {_fmt(t.get('rate'), ',.0f')}/s "
-            f"({_fmt(t.get('vs_limit'), '.2f')} of the limit), "
-            f"{_fmt(t.get('cpu_per_sample_ms'), '.2f')} ms CPU/sample "
-            f"({_fmt(t.get('cpu_vs_w2'), '.2f')}x w=2), peak PSS "
-            f"{_fmt(t.get('peak_pss_bytes'), 'mb')} MB" for t in results.get("twins") or [])
-        add("a", f"(a) {WORKLOADS['a']}: {s['samples']} samples per run",
-            ["contender", "samples/s", "x limit", "CPU ms/sample", "x w=2 CPU",
-             "peak PSS MB", "1st batch s"], rows, twins)
+        add("a", *_section_a(results, s, summ["a"]))
     if summ.get("step"):
         step_ms = (results.get("step_s") or 0) * 1e3
         roles = {"best": "its best in (a)", "reference": "w = cores", "default": "defaults"}
@@ -189,29 +239,7 @@ def sections(results: dict) -> list[Section]:
         add("d", f"(d) {WORKLOADS['d']}: from building the loader to holding batch 1",
             ["contender", "data", "1st batch s", "x fork", "x spawn", "close s"], rows)
     if "e" in summ:
-        where = {"remote": "http", "remote0": "http 0 ms", "s3": "s3", "s30": "s3 0 ms",
-                 "mount": "mount", "mount0": "page cache"}
-        rows = [[_name(r), where.get(r["dataset"], r["dataset"]),
-                 _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_dataloader_ref"), ".2f"),
-                 _fmt(r.get("vs_dataloader_best"), ".2f"), _fmt(r.get("vs_zero_latency"), ".2f"),
-                 _fmt(r.get("extra_requests"), ".1%"),
-                 _fmt(r.get("cpu_per_sample_ms"), ".2f")] for r in summ["e"]]
-        if s.get("tail"):
-            from .httpserve import TailModel
-            model = TailModel(**s["tail"]).describe()
-        else:
-            model = f"{s.get('latency', 0.02) * 1e3:.0f} ms per request"
-        notes: tuple[str, ...] = ()
-        if "mount" in s.get("remotes", ()):
-            o, r1 = s.get("mount_ms", (2.0, 10.0))
-            notes += (f"mount: FUSE passthrough, {o:g} ms per open, {r1:g} ms per first read",)
-        notes += ("the servers are separate processes (their CPU is not counted); x at 0 ms: "
-                  "against the same contender with a server that answers at once (the mount: "
-                  "the folder in the page cache); extra req: hedged requests per read",)
-        add("e", f"(e) {WORKLOADS['e']}: {s.get('samples_remote')} samples per run; "
-            f"servers: {model}",
-            ["contender", "storage", "samples/s", "x w=cores", "x best w", "x at 0 ms",
-             "extra req", "CPU ms/sample"], rows, notes)
+        add("e", *_section_e(s, summ["e"]))
     for wl, what in (("f", s.get("samples_cifar")), ("g", s.get("samples_pil"))):
         if wl not in summ:
             continue
@@ -233,20 +261,7 @@ def sections(results: dict) -> list[Section]:
             f"batch {s.get('batch_size_small')}",
             ["contender", "samples/s", "x DL w=0", "CPU us/sample"], rows)
     if "ceiling" in summ:
-        by_t: dict[int, dict[str, dict]] = {}
-        for r in summ["ceiling"]:
-            by_t.setdefault(r["knob"], {})[r["family"]] = r
-        rows = []
-        for t in sorted(by_t):
-            af, td = by_t[t].get("asyncfeed", {}), by_t[t].get("torchdata", {})
-            ideal = af.get("ideal_rate") or td.get("ideal_rate")
-            rows.append([str(t), _fmt(ideal, ",.0f"), _fmt(af.get("rate"), ",.0f"),
-                         _fmt(af.get("vs_ideal"), ".2f"), _fmt(td.get("rate"), ",.0f"),
-                         _fmt(td.get("vs_ideal"), ".2f")])
-        add("ceiling", f"(ceiling) {WORKLOADS['ceiling']}; batch {s['batch_size']}, about "
-            f"{s.get('ceiling_seconds')} s per run at the ideal rate",
-            ["threads", "ideal T/5ms", "asyncfeed", "x ideal", "torchdata.nodes", "x ideal"],
-            rows)
+        add("ceiling", *_section_ceiling(s, summ["ceiling"]))
     return out
 
 

@@ -100,32 +100,9 @@ class Bench:
                 workers=s.workers, threads=s.threads)
             self.configs["step"] = []  # filled once (a) has told which setting is best
         if "b" in w:
-            cfgs = [Config("b", "limit", s.cores, mode="limit", dataset="ram", role="limit")]
-            cfgs += [Config("b", "dataloader", k, dataset="ram", role="reference" if k == 0
-                            else "sweep")
-                     for k in sorted({0, s.cores, 2 * s.cores} if not s.quick else {0, s.cores})
-                     if self._has("dataloader")]
-            cfgs += [Config("b", f, s.cores, dataset="ram") for f in ("torchdata", "spdl")
-                     if self._has(f)]
-            if self._has("asyncfeed-map"):
-                cfgs.append(Config("b", "asyncfeed-map", None, dataset="ram", role="default"))
-            self.configs["b"] = cfgs
+            self.configs["b"] = self._plan_b()
         if "c" in w:
-            # (c) is slow per sample: a shorter sweep shows the shape (threads stay flat)
-            few_t = tuple(t for t in s.threads if t in (1, s.cores)) or s.threads[:1]
-            few_w = tuple(w for w in s.workers if w in (0, s.cores, 2 * s.cores)) or s.workers
-            cfgs = self._limits("c", "gil") + self._sweep(
-                "c", "gil", ["dataloader", "torchdata", "asyncfeed"], workers=few_w,
-                threads=few_t)
-            if self._has("spdl"):
-                cfgs.append(Config("c", "spdl", s.cores, dataset="gil"))
-            # the remedy: the same transform rewritten with numpy (same pixels out)
-            if self._has("dataloader"):
-                cfgs.append(Config("c", "dataloader", s.cores, dataset="gil-numpy",
-                                   role="remedy"))
-            if self._has("asyncfeed"):
-                cfgs.append(Config("c", "asyncfeed", None, dataset="gil-numpy", role="remedy"))
-            self.configs["c"] = cfgs
+            self.configs["c"] = self._plan_c()
         if "f" in w:
             cfgs = self._sweep("f", "cifar", ["dataloader", "asyncfeed"], workers=s.workers,
                                threads=s.threads)
@@ -156,37 +133,80 @@ class Bench:
                          Config("overhead", "asyncfeed", None, dataset="noop", role="default")]
             self.configs["overhead"] = cfgs
         if "e" in w:
-            cfgs = []
-            remote_w = tuple(sorted({s.cores, 2 * s.cores, 4 * s.cores, 8})) if not s.quick \
-                else (s.cores,)
-            zero_w = tuple(sorted({s.cores, 8})) if not s.quick else (s.cores,)
-            names = {"http": ("remote", "remote0"), "s3": ("s3", "s30"),
-                     "mount": ("mount", "mount0")}
-            sets = [(ds, workers) for kind in s.remotes
-                    for ds, workers in zip(names[kind], (remote_w, zero_w))]
-            for ds, workers in sets:
-                if self._has("dataloader"):
-                    cfgs += [Config("e", "dataloader", k, dataset=ds,
-                                    role="reference" if k == s.cores else "sweep")
-                             for k in workers]
-                if self._has("asyncfeed"):
-                    cfgs.append(Config("e", "asyncfeed", None, dataset=ds, role="default"))
-            self.configs["e"] = cfgs
+            self.configs["e"] = self._plan_e()
         if "d" in w:
-            cfgs = []
-            k = s.ttfb_workers
-            for ds in (("folder", "ram") if not s.quick else ("folder",)):
-                if self._has("dataloader"):
-                    cfgs += [Config("d", "dataloader", k, mode="ttfb", context=ctx, dataset=ds,
-                                    role="reference") for ctx in ("fork", "spawn")]
-                fams = (["asyncfeed", "asyncfeed-async", "torchdata", "spdl"] if ds == "folder"
-                        else ["asyncfeed-map"])
-                for f in fams:
-                    if self._has(f):
-                        knob = None if f in contenders.ASYNCFEED_FAMILIES else s.cores
-                        cfgs.append(Config("d", f, knob, mode="ttfb", dataset=ds,
-                                           role="default" if knob is None else "sweep"))
-            self.configs["d"] = cfgs
+            self.configs["d"] = self._plan_d()
+
+    def _plan_b(self) -> list[Config]:
+        """Workload b: the in-RAM data set."""
+        s = self.s
+        cfgs = [Config("b", "limit", s.cores, mode="limit", dataset="ram", role="limit")]
+        cfgs += [Config("b", "dataloader", k, dataset="ram", role="reference" if k == 0
+                        else "sweep")
+                 for k in sorted({0, s.cores, 2 * s.cores} if not s.quick else {0, s.cores})
+                 if self._has("dataloader")]
+        cfgs += [Config("b", f, s.cores, dataset="ram") for f in ("torchdata", "spdl")
+                 if self._has(f)]
+        if self._has("asyncfeed-map"):
+            cfgs.append(Config("b", "asyncfeed-map", None, dataset="ram", role="default"))
+        return cfgs
+
+    def _plan_c(self) -> list[Config]:
+        """Workload c: GIL-bound samples, and the numpy rewrite as the remedy."""
+        s = self.s
+        # (c) is slow per sample: a shorter sweep shows the shape (threads stay flat)
+        few_t = tuple(t for t in s.threads if t in (1, s.cores)) or s.threads[:1]
+        few_w = tuple(w for w in s.workers if w in (0, s.cores, 2 * s.cores)) or s.workers
+        cfgs = self._limits("c", "gil") + self._sweep(
+            "c", "gil", ["dataloader", "torchdata", "asyncfeed"], workers=few_w,
+            threads=few_t)
+        if self._has("spdl"):
+            cfgs.append(Config("c", "spdl", s.cores, dataset="gil"))
+        # the remedy: the same transform rewritten with numpy (same pixels out)
+        if self._has("dataloader"):
+            cfgs.append(Config("c", "dataloader", s.cores, dataset="gil-numpy",
+                               role="remedy"))
+        if self._has("asyncfeed"):
+            cfgs.append(Config("c", "asyncfeed", None, dataset="gil-numpy", role="remedy"))
+        return cfgs
+
+    def _plan_e(self) -> list[Config]:
+        """Workload e: remote storage, per kind of remote."""
+        s = self.s
+        cfgs = []
+        remote_w = tuple(sorted({s.cores, 2 * s.cores, 4 * s.cores, 8})) if not s.quick \
+            else (s.cores,)
+        zero_w = tuple(sorted({s.cores, 8})) if not s.quick else (s.cores,)
+        names = {"http": ("remote", "remote0"), "s3": ("s3", "s30"),
+                 "mount": ("mount", "mount0")}
+        sets = [(ds, workers) for kind in s.remotes
+                for ds, workers in zip(names[kind], (remote_w, zero_w))]
+        for ds, workers in sets:
+            if self._has("dataloader"):
+                cfgs += [Config("e", "dataloader", k, dataset=ds,
+                                role="reference" if k == s.cores else "sweep")
+                         for k in workers]
+            if self._has("asyncfeed"):
+                cfgs.append(Config("e", "asyncfeed", None, dataset=ds, role="default"))
+        return cfgs
+
+    def _plan_d(self) -> list[Config]:
+        """Workload d: time to the first batch."""
+        s = self.s
+        cfgs = []
+        k = s.ttfb_workers
+        for ds in (("folder", "ram") if not s.quick else ("folder",)):
+            if self._has("dataloader"):
+                cfgs += [Config("d", "dataloader", k, mode="ttfb", context=ctx, dataset=ds,
+                                role="reference") for ctx in ("fork", "spawn")]
+            fams = (["asyncfeed", "asyncfeed-async", "torchdata", "spdl"] if ds == "folder"
+                    else ["asyncfeed-map"])
+            for f in fams:
+                if self._has(f):
+                    knob = None if f in contenders.ASYNCFEED_FAMILIES else s.cores
+                    cfgs.append(Config("d", f, knob, mode="ttfb", dataset=ds,
+                                       role="default" if knob is None else "sweep"))
+        return cfgs
 
     def rounds(self, workload: str) -> int:
         return self.s.repeats if workload in ("a", "b", "f", "ceiling", "overhead") else min(self.s.repeats,

@@ -70,19 +70,6 @@ WORKLOADS = {
 SLEEP_S = 0.005
 
 
-class MapOnly:
-    """Only ``__getitem__`` and ``__len__`` of a data set: ``AsyncLoader``'s map-style path."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index]
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-
 class InMemoryDataset:
     """Encoded images and per-sample Python records, all held in RAM.
 

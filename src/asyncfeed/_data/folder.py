@@ -138,6 +138,20 @@ class ImageFolder:
         self._source = source
         self.read_latency_s: float | None = None
         self.io: IOMode = io if io != "auto" else ("thread" if source.is_local else "async")
+        samples = self._list_samples(source, allow_empty)
+        self.samples = samples
+        self.targets = [t for _, t in samples]
+        if io == "auto" and isinstance(source, LocalSource):
+            # measured, not guessed from the path: a network mount is a local path
+            self.read_latency_s = source.read_latency([p for p, _ in samples])
+            self.io = "async" if self.read_latency_s >= SLOW_READ_S else "thread"
+
+    def _list_samples(self, source: Source, allow_empty: bool) -> list[tuple[str, int]]:
+        """Every (path, label) under the class folders, sorted as ``source`` lists
+        them; sets ``classes`` and ``class_to_idx``.  Raises ``FileNotFoundError``
+        for no class, no image, or (without ``allow_empty``) a class with no
+        image; warns (at the caller of ``__init__``) for split-like class names
+        and kept empty classes."""
         self.classes: list[str] = source.list_dirs()
         if not self.classes:
             raise FileNotFoundError(f"no class folders found in {self.root}")
@@ -146,7 +160,7 @@ class ImageFolder:
             warnings.warn(
                 f"ImageFolder({self.root!r}): the class folders {', '.join(splits)} look like "
                 f"the splits of a data set, not classes; point root at one split "
-                f"(e.g. {os.path.join(self.root, splits[0])!r})", UserWarning, stacklevel=2)
+                f"(e.g. {os.path.join(self.root, splits[0])!r})", UserWarning, stacklevel=3)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         samples: list[tuple[str, int]] = []
         empty: list[str] = []
@@ -164,15 +178,10 @@ class ImageFolder:
             warnings.warn(
                 f"ImageFolder({self.root!r}): the class folders {', '.join(empty)} hold no "
                 f"image (extensions {', '.join(self.extensions)}); their labels are kept "
-                f"with no sample", UserWarning, stacklevel=2)
+                f"with no sample", UserWarning, stacklevel=3)
         if not samples:
             raise FileNotFoundError(f"no image found under {self.root}")
-        self.samples = samples
-        self.targets = [t for _, t in samples]
-        if io == "auto" and isinstance(source, LocalSource):
-            # measured, not guessed from the path: a network mount is a local path
-            self.read_latency_s = source.read_latency([p for p, _ in samples])
-            self.io = "async" if self.read_latency_s >= SLOW_READ_S else "thread"
+        return samples
 
     @staticmethod
     def _open_source(root: str, options: dict[str, Any]) -> Source:

@@ -87,7 +87,6 @@ def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
     thread loads the rows (no decode thread runs)."""
     waited = f"the training loop waited for data {a.wait_share:.0%} of the time"
     load = a.loads.get(a.limiting or "", 0.0)
-    threads = _capacity(s, "threads")
     used = f"{a.cores_used:.1f} of {a.cores} cores"
     v = a.bottleneck
     if v == "consumer":
@@ -97,62 +96,9 @@ def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
                 "prefetch would save CPU and memory (docs/tuning.md, "
                 f"{DOCS}#consumer).")
     if v == "fetch":
-        ms = _per_item_ms(s, "fetch")
-        if a.limiting == "io":
-            cap = _capacity(s, "io")
-            return (f"Reads are the bottleneck: {waited}, with {load * cap:.1f} of "
-                    f"io_concurrency={cap:g} reads in flight on average, {ms:.1f} ms each. "
-                    "Raise io_concurrency to keep more reads in flight, or bring the data "
-                    f"closer (a local cache: docs/remote.md; {DOCS}#fetch).")
-        if a.limiting == "iterator":
-            return (f"Pulling raw items from the iterable (one thread at a time) is the "
-                    f"bottleneck: {waited}, and the iterator was busy {load:.0%} of the time, "
-                    f"{ms:.2f} ms per item. Make iter_raw() cheaper, or read several shards "
-                    f"at once ({DOCS}#fetch).")
-        remedy = ("Pass ImageFolder(..., io=\"async\") so that reads wait on the event "
-                  "loop" if knobs is not None else
-                  "Give the data set an async fetch (docs/extending.md) so that reads wait "
-                  "on the event loop")
-        return (f"Blocking reads in the decode threads are the bottleneck: {waited}, "
-                f"and the {threads:g} threads were busy {load:.0%} of the time, {ms:.1f} ms "
-                f"per read. {remedy}, or raise num_threads (docs/tuning.md, {DOCS}#fetch).")
+        return _explain_fetch(s, a, knobs, waited)
     if v == "decode":
-        if a.limiting == "iterator":
-            return (f"The iterable's __next__ is the bottleneck: {waited}, and it runs one "
-                    f"thread at a time ({_per_item_ms(s, 'decode'):.2f} ms per item). Split "
-                    "it into iter_raw() and decode(raw) so decoding runs on every decode "
-                    f"thread ({DOCS}#decode).")
-        if a.limiting == "processes":
-            n = _capacity(s, "processes")
-            return (f"Decoding is the bottleneck: {waited}, and the {n:g} worker processes "
-                    "the loader moved the per-sample work to were all busy. Give "
-                    "it more of them (num_workers, default: the cores) if cores are left, "
-                    "or make each sample cheaper; moving its Python loops into numpy or "
-                    f"torch calls would let threads do it (docs/tuning.md, {DOCS}#decode).")
-        spare = a.cores_used < a.cores - 0.5
-        busy = sum(st.wall_s for st in s.stages.values() if st.cpu_s is not None)
-        queued = (s.cpu_threads_run_delay_s or 0.0) / busy if busy > 0 else 0.0
-        if spare and queued > 0.3:
-            knob = (f"the threads waited for a core {min(queued, 1.0):.0%} of their busy "
-                    "time although this process left cores unused: other processes are "
-                    "using them (check the machine's load)")
-        elif spare:
-            knob = "cores are left: raise num_threads"
-        else:
-            knob = f"the cores are busy: {_cheaper(knobs)}"
-        if inline:
-            if spare and not queued > 0.3:
-                knob = ("cores are left, but where execution=\"auto\" chose inline it "
-                        "measured decode threads and worker processes no faster: make "
-                        "each sample cheaper")
-            return (f"Decoding is the bottleneck: {waited}, and the training loop's own "
-                    f"thread loads the rows (inline, as num_workers=0) using {used}. "
-                    f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
-        who = (f"{_capacity(s, 'processes'):g} worker processes" if a.limiting == "processes"
-               else f"{threads:g} decode threads allowed to run")
-        return (f"Decoding is the bottleneck: {waited}, and the {who} "
-                f"were busy {load:.0%} of the time using {used}. "
-                f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
+        return _explain_decode(s, a, knobs, waited, inline)
     if v == "gil":
         held = "" if a.gil_pressure is None else \
             f"a probe found the GIL held {a.gil_pressure:.0%} of the time, "
@@ -170,3 +116,74 @@ def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
                 "per batch. Keep pin_memory on (the default on CUDA), send uint8 and "
                 f"normalise on the GPU (docs/gpu.md, {DOCS}#h2d).")
     return "No batch has been delivered yet: there is nothing to explain."
+
+
+def _explain_fetch(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None, waited: str) -> str:
+    """:func:`explain` where reads are the bottleneck (on the event loop, in the
+    iterable's iterator, or blocking in the decode threads)."""
+    load = a.loads.get(a.limiting or "", 0.0)
+    threads = _capacity(s, "threads")
+    ms = _per_item_ms(s, "fetch")
+    if a.limiting == "io":
+        cap = _capacity(s, "io")
+        return (f"Reads are the bottleneck: {waited}, with {load * cap:.1f} of "
+                f"io_concurrency={cap:g} reads in flight on average, {ms:.1f} ms each. "
+                "Raise io_concurrency to keep more reads in flight, or bring the data "
+                f"closer (a local cache: docs/remote.md; {DOCS}#fetch).")
+    if a.limiting == "iterator":
+        return (f"Pulling raw items from the iterable (one thread at a time) is the "
+                f"bottleneck: {waited}, and the iterator was busy {load:.0%} of the time, "
+                f"{ms:.2f} ms per item. Make iter_raw() cheaper, or read several shards "
+                f"at once ({DOCS}#fetch).")
+    remedy = ("Pass ImageFolder(..., io=\"async\") so that reads wait on the event "
+              "loop" if knobs is not None else
+              "Give the data set an async fetch (docs/extending.md) so that reads wait "
+              "on the event loop")
+    return (f"Blocking reads in the decode threads are the bottleneck: {waited}, "
+            f"and the {threads:g} threads were busy {load:.0%} of the time, {ms:.1f} ms "
+            f"per read. {remedy}, or raise num_threads (docs/tuning.md, {DOCS}#fetch).")
+
+
+def _explain_decode(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None, waited: str,
+                    inline: bool) -> str:
+    """:func:`explain` where the per-sample work is the bottleneck (the iterable's
+    ``__next__``, worker processes, decode threads or the consumer's own thread)."""
+    load = a.loads.get(a.limiting or "", 0.0)
+    threads = _capacity(s, "threads")
+    used = f"{a.cores_used:.1f} of {a.cores} cores"
+    if a.limiting == "iterator":
+        return (f"The iterable's __next__ is the bottleneck: {waited}, and it runs one "
+                f"thread at a time ({_per_item_ms(s, 'decode'):.2f} ms per item). Split "
+                "it into iter_raw() and decode(raw) so decoding runs on every decode "
+                f"thread ({DOCS}#decode).")
+    if a.limiting == "processes":
+        n = _capacity(s, "processes")
+        return (f"Decoding is the bottleneck: {waited}, and the {n:g} worker processes "
+                "the loader moved the per-sample work to were all busy. Give "
+                "it more of them (num_workers, default: the cores) if cores are left, "
+                "or make each sample cheaper; moving its Python loops into numpy or "
+                f"torch calls would let threads do it (docs/tuning.md, {DOCS}#decode).")
+    spare = a.cores_used < a.cores - 0.5
+    busy = sum(st.wall_s for st in s.stages.values() if st.cpu_s is not None)
+    queued = (s.cpu_threads_run_delay_s or 0.0) / busy if busy > 0 else 0.0
+    if spare and queued > 0.3:
+        knob = (f"the threads waited for a core {min(queued, 1.0):.0%} of their busy "
+                "time although this process left cores unused: other processes are "
+                "using them (check the machine's load)")
+    elif spare:
+        knob = "cores are left: raise num_threads"
+    else:
+        knob = f"the cores are busy: {_cheaper(knobs)}"
+    if inline:
+        if spare and not queued > 0.3:
+            knob = ("cores are left, but where execution=\"auto\" chose inline it "
+                    "measured decode threads and worker processes no faster: make "
+                    "each sample cheaper")
+        return (f"Decoding is the bottleneck: {waited}, and the training loop's own "
+                f"thread loads the rows (inline, as num_workers=0) using {used}. "
+                f"Here {knob} (docs/tuning.md, {DOCS}#decode).")
+    who = (f"{_capacity(s, 'processes'):g} worker processes" if a.limiting == "processes"
+           else f"{threads:g} decode threads allowed to run")
+    return (f"Decoding is the bottleneck: {waited}, and the {who} "
+            f"were busy {load:.0%} of the time using {used}. "
+            f"Here {knob} (docs/tuning.md, {DOCS}#decode).")

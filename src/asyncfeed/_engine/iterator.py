@@ -13,18 +13,20 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from .._memory.hostpool import HostBufferPool
 from .._errors import AsyncFeedError, LoaderClosedError, is_fatal, rebuild_error
 from .handoff import BatchHandoff, PassState
 from .iterable import IterablePipeline
+from .passcontext import PassContext
 from .pipeline import Batch, Pipeline, sample_error
+from .plan import IndexPlan
 from .progress import LiveView
 from .runtime import Runtime
 from .state import PassProgress
-
-if TYPE_CHECKING:
-    from .loader import AsyncLoader
 
 
 def _let_go(b: Batch) -> None:
@@ -40,25 +42,27 @@ def _let_go(b: Batch) -> None:
     b.samples = [None] * b.n
 
 
-def _shutdown_and_rewind(pipeline: BatchHandoff, runtime: Runtime, loader_ref: Any,
-                         progress: PassProgress) -> None:
+def _shutdown_and_rewind(pipeline: BatchHandoff, runtime: Runtime, owner_ref: Any,
+                         host_pool: HostBufferPool, plan: IndexPlan,
+                         generator: torch.Generator | None, progress: PassProgress) -> None:
     """Finalizer of a dropped iterator: stop its threads without waiting (any thread
-    may run it) and rewind a user's generator as the pass was cut short."""
+    may run it); while the loader lives, free the pass's batch memory and rewind a
+    user's generator as the pass was cut short."""
     pipeline.acct.stop(wait=False)
     pipeline.stop("the iterator was dropped")
     runtime.close(wait=False)
-    loader = loader_ref()
-    if loader is not None:
-        loader._host_pool.clear()
-        _rewind(loader, progress)
+    if owner_ref() is not None:
+        host_pool.clear()
+        _rewind(plan, generator, progress)
 
 
-def _rewind(loader: AsyncLoader, progress: PassProgress) -> None:
+def _rewind(index_plan: IndexPlan, generator: torch.Generator | None,
+            progress: PassProgress) -> None:
     """Leave a user's generator where DataLoader would leave it after a pass cut
     short: prefetching may have drawn further than the batches taken."""
-    if loader.generator is None or "generator_state" not in progress.replay:
+    if generator is None or "generator_state" not in progress.replay:
         return
-    plan, _ = loader._plan.start(progress.epoch, progress.replay)
+    plan, _ = index_plan.start(progress.epoch, progress.replay)
     with progress.lock:
         drawn = progress.base + len(progress.taken)
     for _ in range(drawn):
@@ -75,9 +79,9 @@ class _Iterator:
     from several threads: the calls are serialised (each batch goes to one caller).
     """
 
-    def __init__(self, loader: AsyncLoader, pipeline: Pipeline | IterablePipeline,
+    def __init__(self, ctx: PassContext, pipeline: Pipeline | IterablePipeline,
                  runtime: Runtime, progress: PassProgress) -> None:
-        self._loader = loader
+        self._ctx = ctx
         self._p = pipeline
         self._runtime = runtime
         self._progress = progress
@@ -90,7 +94,8 @@ class _Iterator:
         self._last_n = 0                     # samples in the batch just handed out
         self._view: LiveView | None = None   # progress bar / log lines
         self._finalizer = weakref.finalize(self, _shutdown_and_rewind, pipeline, runtime,
-                                           weakref.ref(loader), progress)
+                                           weakref.ref(ctx.owner), ctx.host_pool, ctx.plan,
+                                           ctx.generator, progress)
         if progress.carry:
             self._set_carry(self._reload(progress.carry))
 
@@ -101,12 +106,13 @@ class _Iterator:
     def _reload(self, indices: list[Any]) -> list[tuple[Any, Any]]:
         """Load the samples a checkpoint had carried over (skip mode), here and now."""
         out = []
+        ctx = self._ctx
         for idx in indices:
             try:
-                out.append((idx, self._loader.dataset[idx]))
+                out.append((idx, ctx.dataset[idx]))
             except Exception as e:  # noqa: BLE001
-                if self._loader.on_error == "raise":
-                    raise sample_error(self._loader.dataset, idx, e, None)
+                if ctx.on_error == "raise":
+                    raise sample_error(ctx.dataset, idx, e, None)
         return out
 
     def _start(self) -> None:
@@ -121,7 +127,7 @@ class _Iterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return self._ctx.length()
 
     def __next__(self) -> Any:
         with self._next_lock:
@@ -132,8 +138,8 @@ class _Iterator:
                 raise StopIteration
             t0 = time.perf_counter()
             try:
-                if self._loader.on_error == "skip" and self._loader.in_order \
-                        and not self._loader._iterable:
+                ctx = self._ctx
+                if ctx.on_error == "skip" and ctx.in_order and not ctx.iterable:
                     out = self._next_skipping()
                 else:
                     out = self._next_plain()
@@ -144,12 +150,12 @@ class _Iterator:
                 raise
             finally:
                 waited = time.perf_counter() - t0
-                self._loader._stats.wait_s += waited
+                self._ctx.stats.wait_s += waited
                 self._p.handed()  # the thread that readied the batch goes on
             self._p.acct.took(waited, self._last_n)
             if self._view is not None:
                 self._view.tick()
-            st = self._loader._stats
+            st = self._ctx.stats
             st.batches += 1
             st.samples += self._last_n
             if st.path == "":
@@ -158,20 +164,20 @@ class _Iterator:
 
     # plain: one planned batch → one delivered batch
     def _next_plain(self) -> Any:
-        loader = self._loader
+        ctx = self._ctx
         while True:
             b = self._take()
             if b.error is not None:
-                raise _batch_error(loader.dataset, b)
+                raise _batch_error(ctx.dataset, b)
             if b.failures and b.output is not None:      # iterable stream, skipping
-                loader._record_skips(b)
+                ctx.skips.record(b, ctx.epoch)
             elif b.failures:
                 fatal = [f for f in b.failures if f[2] is not None and is_fatal(f[2])]
-                if loader.on_error == "raise" or fatal:
+                if ctx.on_error == "raise" or fatal:
                     row, idx, e = fatal[0] if fatal else min(b.failures, key=lambda f: f[0])
                     assert e is not None
-                    raise sample_error(loader.dataset, idx, e, b.k)
-                loader._record_skips(b)                  # in_order=False: short batch
+                    raise sample_error(ctx.dataset, idx, e, b.k)
+                ctx.skips.record(b, ctx.epoch)           # in_order=False: short batch
                 good = b.good_samples_host
                 _let_go(b)
                 if not good:
@@ -181,18 +187,18 @@ class _Iterator:
 
     def _next_skipping(self) -> Any:
         """in_order with on_error="skip": batch j = the next successful samples."""
-        loader, p = self._loader, self._p
+        ctx, p = self._ctx, self._p
         if not self._carry:
             b = self._take()
             if b.error is not None:
-                raise _batch_error(loader.dataset, b)
+                raise _batch_error(ctx.dataset, b)
             if not b.failures:
                 self._emitted += 1
                 return self._deliver(b)
-            loader._record_skips(b)
+            ctx.skips.record(b, ctx.epoch)
             self._set_carry(self._carry + b.good_samples_host)
             _let_go(b)
-        target = (loader.batch_size or 1) if loader._plan.user_batch_sampler is None \
+        target = (ctx.batch_size or 1) if ctx.plan.user_batch_sampler is None \
             else p.sizes[min(self._emitted, len(p.sizes) - 1)]
         while len(self._carry) < target:
             try:
@@ -200,15 +206,15 @@ class _Iterator:
             except StopIteration:
                 break
             if b.error is not None:
-                raise _batch_error(loader.dataset, b)
-            loader._record_skips(b)
+                raise _batch_error(ctx.dataset, b)
+            ctx.skips.record(b, ctx.epoch)
             self._set_carry(self._carry + b.good_samples_host)
             _let_go(b)
         if not self._carry:
             raise StopIteration
         chunk = self._carry[:target]
         self._set_carry(self._carry[target:])
-        if len(chunk) < target and loader.drop_last and loader.batch_size is not None:
+        if len(chunk) < target and ctx.drop_last and ctx.batch_size is not None:
             self._set_carry([])
             raise StopIteration
         self._emitted += 1
@@ -220,14 +226,14 @@ class _Iterator:
         With ``want_rows`` (or when samples failed) the successful samples are
         copied out as ``b.good_samples_host`` before the batch's slot is reused.
         """
-        loader, p = self._loader, self._p
+        ctx, p = self._ctx, self._p
         while True:
-            k = p.taken if loader.in_order else None
-            b = p.wait(k, loader.timeout)
+            k = p.taken if ctx.in_order else None
+            b = p.wait(k, ctx.timeout)
             self._retire()
             if b is None:
                 raise StopIteration
-            end = (b.indices[-1] + 1 if b.indices else None) if loader._iterable else None
+            end = (b.indices[-1] + 1 if b.indices else None) if ctx.iterable else None
             self._progress.took(b.k, b.n, end)
             if b.n or b.error is not None:
                 break
@@ -241,11 +247,12 @@ class _Iterator:
         if p.exhausted:
             # nothing left to plan: keep only the free buffers the batches still
             # waiting for their first row will take
-            loader._host_pool.trim(p.unstarted())
-        if loader._layouts.layout is not None and loader._stats.path in ("", "collate"):
-            loader._stats.path = "ring" if b.mode == "ring" else loader._stats.path
+            ctx.host_pool.trim(p.unstarted())
+        stats = ctx.stats
+        if ctx.layouts.layout is not None and stats.path in ("", "collate"):
+            stats.path = "ring" if b.mode == "ring" else stats.path
         if b.mode == "batch":
-            loader._stats.path = "batch"
+            stats.path = "batch"
         return b
 
     def _retire(self) -> None:
@@ -294,9 +301,9 @@ class _Iterator:
             self._p.stop(reason)
         self._runtime.close(wait=True, reason=reason or "the pass ended")
         # a pass's batch memory goes with it (batches still held keep theirs)
-        self._loader._host_pool.clear()
+        self._ctx.host_pool.clear()
         if self._finalizer.detach() is not None and not self._done:
-            _rewind(self._loader, self._progress)
+            _rewind(self._ctx.plan, self._ctx.generator, self._progress)
 
     def close(self) -> None:
         """Stop this pass early. Idempotent."""

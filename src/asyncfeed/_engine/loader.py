@@ -3,51 +3,47 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import warnings
+import functools
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch.utils.data import default_collate, default_convert
 
 from .._memory.batches import LoaderMemory
-from .._memory.device import CopyStream, resolve_device, resolve_pin
-from .._errors import LoaderClosedError, SampleError, StateError, describe, is_fatal
-from .capabilities import Capabilities
-from .chooser import Chooser, ExecutionReport
-from .policy import INLINE, Candidate, Mode, Reason, Space, processes, threads
-from .processes import Execution
-from .tasksize import Gate, RowCost
-from .iterable import IterablePipeline
-from .handoff import PassConfig
-from .pipeline import Batch, LayoutHolder, PassExecution, Pipeline, sample_error
-from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
-from .runtime import Runtime
+from .._memory.device import CopyStream
 from .._memory.slots import SlotRing
+from .._errors import LoaderClosedError
+from ..protocols import DeviceTransfer
 from .accounting import Accounting
+from .capabilities import Capabilities
+from .checkpoint import Checkpoints, check_epoch
+from .candidates import make_chooser
+from .chooser import ExecutionReport
+from .config import LoaderConfig, OnError, check_args, make_config
+from .handoff import PassConfig
+from .iterable import IterablePipeline
+from .iterator import _Iterator
+from .passcontext import PassContext, batch_count
+from .pipeline import LayoutHolder, PassExecution, Pipeline
+from .plan import IndexPlan, is_iterable_dataset, validate
+from .policy import Mode
+from .processes import Execution
 from .progress import LiveView
 from .readahead import ReadAheadStats
-from .._io.hedge import CountsReads
-from .iterator import _Iterator
-from .resources import available_cores, default_threads, resolve_ranks
+from .resources import available_cores
+from .runtime import Runtime
+from .skips import SkipLog
 from .state import LoaderState, PassProgress
-from ..protocols import DeviceTransfer
-from .stats import IOStats, LoaderStats, RateLimitedLog, SkippedSample, observe
-from .stream import StreamTracker, has_state
+from .stats import LoaderStats, io_stats, observe
+from .stream import StreamTracker
+from .tasksize import Gate, RowCost
 
-OnError = Literal["raise", "skip"]
 T_co = TypeVar("T_co", covariant=True)
 # DataLoader's rule: these define the plan and may not change after construction
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
            "persistent_workers")
-
-
-def _blank_taken(plan: Iterator[Any], base: int, taken: set[int]) -> Iterator[Any]:
-    """The plan with the batches already taken (out of order) replaced by empty ones."""
-    for k, item in enumerate(plan, start=base):
-        yield [] if k in taken else item
 
 
 class AsyncLoader(Generic[T_co]):
@@ -162,100 +158,86 @@ class AsyncLoader(Generic[T_co]):
                  execution: str = "auto",
                  progress: bool = False, log_every: float | None = None) -> None:
         validate(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
-        if not isinstance(io_concurrency, int) or io_concurrency < 1:
-            raise ValueError(f"io_concurrency must be a positive int, got {io_concurrency!r}")
-        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
-            raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
-        if readahead_bytes is not None and (not isinstance(readahead_bytes, int)
-                                            or readahead_bytes < 0):
-            raise ValueError(f"readahead_bytes must be None or an int >= 0, "
-                             f"got {readahead_bytes!r}")
-        self.readahead_bytes = readahead_bytes
-        if log_every is not None and not (isinstance(log_every, (int, float))
-                                          and log_every > 0):
-            raise ValueError(f"log_every must be a positive number of seconds, got {log_every!r}")
-        if seed is not None and not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        if copy_stream is not None and not isinstance(copy_stream, DeviceTransfer):
-            raise TypeError(f"copy_stream must be a DeviceTransfer (pin, to_device, "
-                            f"hand_over), got {type(copy_stream).__name__}")
-        self.rank, self.world_size = resolve_ranks(rank, world_size)
-        if seed is not None and generator is not None:
-            if self.world_size > 1:
-                # the sharded plan shuffles as DistributedSampler does: by seed, not generator
-                warnings.warn("both seed and generator given with world_size > 1: shards are "
-                              "shuffled by the seed, the generator is ignored", stacklevel=2)
-            else:
-                warnings.warn("both seed and generator given: the generator is used, the "
-                              "seed ignored", stacklevel=2)
-                seed = None
+        check_args(timeout=timeout, on_error=on_error, num_threads=num_threads,
+                   io_concurrency=io_concurrency, prefetch=prefetch,
+                   readahead_bytes=readahead_bytes, log_every=log_every, seed=seed,
+                   copy_stream=copy_stream)
+        caps = Capabilities.of(dataset)
+        cfg = make_config(
+            batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, timeout=timeout,
+            num_workers=num_workers, persistent_workers=persistent_workers,
+            snapshot_every_n_steps=snapshot_every_n_steps, in_order=in_order,
+            on_error=on_error, seed=seed, generator=generator, io_concurrency=io_concurrency,
+            prefetch=prefetch, readahead_bytes=readahead_bytes, num_threads=num_threads,
+            device=device, pin_memory=pin_memory, copy_stream=copy_stream,
+            execution=execution, rank=rank, world_size=world_size, progress=progress,
+            log_every=log_every, use_fetch=caps.use_fetch)
+        self._config = cfg
+        self._caps = caps
         self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.timeout = timeout
         self.generator = generator
-        self.num_workers = num_workers  # worker processes, when they run (0: the cores)
-        self.persistent_workers = persistent_workers
-        # StatefulDataLoader's: accepted; every state is exact here whenever it is taken
-        self.snapshot_every_n_steps = snapshot_every_n_steps
-        self.in_order = in_order
-        self.on_error: OnError = on_error
-        self.seed = seed
-        self.io_concurrency = io_concurrency
-        self.progress = bool(progress)
-        if self.progress:  # fail here, not at iter(), when tqdm is missing
-            from .._optional import require
-            require("tqdm", "AsyncLoader(progress=True)")
-        self.log_every = log_every
-        self.num_threads = num_threads or default_threads()
-        self._threads_given = num_threads is not None
-        self._row_cost = RowCost()  # what a row costs: sizes the decode tasks
-        self.device = resolve_device(device)
-        # with a transfer of the user's, pinning is its pin(): no CUDA check here
-        self.pin_memory = resolve_pin(pin_memory, self.device) if copy_stream is None \
-            else pin_memory is not False
+        self._adopt(cfg)
         self._iterable = is_iterable_dataset(dataset)
-        self._plan = IndexPlan(dataset, batch_size, bool(shuffle), sampler, batch_sampler,
-                               drop_last, generator, seed, self.rank, self.world_size)
-        self._resume: LoaderState | None = None
-        self._last: PassProgress | None = None      # the last pass's position (until iter())
-        self._predrawn: dict[str, Any] | None = None  # a global-RNG shuffle's seed, drawn early
+        self._plan = IndexPlan(dataset, batch_size, cfg.shuffle, sampler, batch_sampler,
+                               drop_last, generator, cfg.seed, cfg.rank, cfg.world_size)
+        self._ckpt = Checkpoints(cfg, dataset, self._plan, caps, generator, self._iterable)
         auto = self._plan.auto_collation
         if collate_fn is None:
             collate_fn = default_collate if auto else default_convert
         self.collate_fn = collate_fn
         self._collate = collate_fn if auto else (lambda samples: collate_fn(samples[0]))
-        self._caps = Capabilities.of(dataset)
-        self.prefetch = prefetch or self._default_prefetch()
-        # where samples run: measured among the candidates (see policy, chooser)
-        self.execution = execution
-        workers = num_workers if num_workers > 0 else available_cores()
-        self._exec = Execution(execution, dataset, workers, multiprocessing_context,
-                               worker_init_fn, capacity=self.prefetch + 2)
-        self._chooser = self._make_chooser(execution, workers)
-        self._exec_finalizer = weakref.finalize(self, self._exec.close)
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
-        transfer = self.device is not None or copy_stream is not None
-        self._memory = LoaderMemory(batch_size=batch_size, prefetch=self.prefetch,
-                                    use_ring=transfer and self.pin_memory,
-                                    pin_host=self.pin_memory and not transfer)
+        self._build_parts(cfg, multiprocessing_context, worker_init_fn, copy_stream)
+        self._initialized = True
+
+    def _adopt(self, cfg: LoaderConfig) -> None:
+        """Set DataLoader's public attributes (and asyncfeed's) from the config."""
+        self.batch_size = cfg.batch_size
+        self.drop_last = cfg.drop_last
+        self.timeout = cfg.timeout
+        self.num_workers = cfg.num_workers  # worker processes, when they run (0: the cores)
+        self.persistent_workers = cfg.persistent_workers
+        # StatefulDataLoader's: accepted; every state is exact here whenever it is taken
+        self.snapshot_every_n_steps = cfg.snapshot_every_n_steps
+        self.in_order = cfg.in_order
+        self.on_error: OnError = cfg.on_error
+        self.seed = cfg.seed
+        self.rank, self.world_size = cfg.rank, cfg.world_size
+        self.io_concurrency = cfg.io_concurrency
+        self.readahead_bytes = cfg.readahead_bytes
+        self.progress = cfg.progress
+        self.log_every = cfg.log_every
+        self.num_threads = cfg.num_threads
+        self.device = cfg.device
+        self.pin_memory = cfg.pin_memory
+        self.prefetch = cfg.prefetch
+        self.execution = cfg.execution
+
+    def _build_parts(self, cfg: LoaderConfig, multiprocessing_context: Any,
+                     worker_init_fn: Callable[[int], None] | None,
+                     copy_stream: DeviceTransfer | None) -> None:
+        """The parts the loader owns across passes: the execution (worker processes
+        and the chooser of where rows run), batch memory, counters and skip log."""
+        self._row_cost = RowCost()  # what a row costs: sizes the decode tasks
+        # where samples run: measured among the candidates (see policy, chooser)
+        self._exec = Execution(cfg.execution, self.dataset, cfg.workers,
+                               multiprocessing_context, worker_init_fn,
+                               capacity=cfg.prefetch + 2)
+        self._chooser = make_chooser(cfg, iterable=self._iterable,
+                                     use_fetch=self._caps.use_fetch)
+        self._exec_finalizer = weakref.finalize(self, self._exec.close)
+        self._memory = LoaderMemory(batch_size=cfg.batch_size, prefetch=cfg.prefetch,
+                                    use_ring=cfg.transfer and cfg.pin_memory,
+                                    pin_host=cfg.pin_memory and not cfg.transfer)
         self._host_pool = self._memory.pool
         self._copy: DeviceTransfer | None = copy_stream
-        self._epoch = 0
         self._stats = LoaderStats()
+        self._skips = SkipLog(self.dataset)
         self._readahead_stats: ReadAheadStats | None = None
         self._acct: Accounting | None = None   # the current or last pass's
-        self._skip_log = RateLimitedLog()
         self._closed = False
         self._current: weakref.ref[_Iterator] | None = None
         self._finalizer = weakref.finalize(self, _close_current, [None])
-        self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FROZEN and self.__dict__.get("_initialized", False):
@@ -263,36 +245,8 @@ class AsyncLoader(Generic[T_co]):
                              f"{type(self).__name__} is initialized")
         super().__setattr__(name, value)
 
-    # ---------------------------------------------------------------- config
-    def _make_chooser(self, execution: str, workers: int) -> Chooser:
-        """The execution chooser for ``execution``: a fixed candidate where the
-        arguments fix one (``inline``, ``processes``, ``num_threads=N``, an
-        ``IterableDataset``), else the candidates to measure."""
-        pinned: Candidate | None = None
-        if self._iterable:  # a stream's items are read in order by the threads
-            return Chooser(None, threads(self.num_threads), Reason.ONLY)
-        if execution == "inline":
-            pinned = INLINE
-        elif execution == "processes" and self._use_fetch:
-            # reads on the event loop feed the decode threads: no process stage there
-            return Chooser(None, threads(self.num_threads), Reason.ONLY)
-        elif execution == "processes":
-            pinned = processes(workers)
-        elif self._threads_given:
-            pinned = threads(self.num_threads)
-        if pinned is not None:
-            return Chooser(None, pinned)
-        cores = available_cores()
-        ladder = Space.thread_ladder(cores, self.num_threads)
-        start = threads(min(cores, self.num_threads))
-        with_processes = execution == "auto" and not self._use_fetch
-        # a timeout bounds the wait for rows loaded elsewhere: rows the consumer loads
-        # itself cannot be timed out (as DataLoader's num_workers=0), so a loader given
-        # one never chooses inline
-        return Chooser(Space(ladder=ladder, start=start, cores=cores,
-                             process=processes(workers) if with_processes else None,
-                             inline=execution == "auto" and not self.timeout))
 
+    # ---------------------------------------------------------------- config
     @property
     def _use_fetch(self) -> bool:
         return self._caps.use_fetch
@@ -301,15 +255,18 @@ class AsyncLoader(Generic[T_co]):
     def _ring(self) -> SlotRing | None:
         return self._memory.current_ring
 
-    def _default_prefetch(self) -> int:
-        per_batch = self.batch_size or 1
-        # rows in flight: four per thread (a task may hold two rows that mostly
-        # wait, see tasksize.rows_per_task; with many threads the consumer's cadence
-        # needs the slack: 128 threads of 5 ms sleeps ran 7% faster with it)
-        want = 4 * self.num_threads
-        if self._use_fetch:
-            want = max(want, self.io_concurrency)
-        return max(2, min(64, math.ceil(want / per_batch) + 1))
+    @property
+    def _epoch(self) -> int:
+        return self._ckpt.epoch
+
+    @property
+    def _resume(self) -> LoaderState | None:
+        """A loaded mid-pass state the next pass continues (taken by that pass)."""
+        return self._ckpt.resume
+
+    @_resume.setter
+    def _resume(self, value: LoaderState | None) -> None:
+        self._ckpt.resume = value
 
     @property
     def sampler(self) -> Any:
@@ -332,14 +289,8 @@ class AsyncLoader(Generic[T_co]):
         order then changes per epoch; ``ImageFolder(train=True)``, whose crops do).
         Takes effect at the next ``iter()``.
         """
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self._epoch = epoch
-        for s in (self.dataset,
-                  self._plan.user_sampler, self._plan.user_batch_sampler,
-                  getattr(self._plan.user_batch_sampler, "sampler", None)):
-            if s is not None and callable(getattr(s, "set_epoch", None)):
-                s.set_epoch(epoch)
+        check_epoch(epoch)
+        self._ckpt.set_epoch(epoch)
 
     @property
     def epoch(self) -> int:
@@ -347,12 +298,8 @@ class AsyncLoader(Generic[T_co]):
         return self._epoch
 
     def __len__(self) -> int:
-        if self._iterable:
-            n = len(self.dataset)  # TypeError when the dataset has no length, as DataLoader
-            if self.batch_size is not None:
-                n = n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-            return n
-        return len(self._plan)
+        return batch_count(self.dataset, self._plan, self._iterable, self.batch_size,
+                           self.drop_last)
 
     def stats(self) -> LoaderStats:
         """A snapshot of the counters (see :class:`LoaderStats`)."""
@@ -360,9 +307,10 @@ class AsyncLoader(Generic[T_co]):
         ring = self._ring
         return LoaderStats(epoch=s.epoch, batches=s.batches, samples=s.samples,
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
-                           path=s.path, skipped=list(s.skipped),
+                           path=s.path, skipped=list(self._skips.entries),
                            execution=self._execution_report(),
-                           io=self._io_stats(),
+                           io=io_stats(self.dataset, self._readahead_stats)
+                           if self._use_fetch else None,
                            **observe(self._acct, available_cores(), self.dataset))
 
     def _execution_report(self) -> ExecutionReport:
@@ -371,20 +319,6 @@ class AsyncLoader(Generic[T_co]):
         if failed and not report.detail:
             report = dataclasses.replace(report, detail=failed)
         return report
-
-    def _io_stats(self) -> IOStats | None:
-        if not self._use_fetch:
-            return None
-        io = IOStats()
-        if isinstance(self.dataset, CountsReads):
-            counts = self.dataset.read_stats()
-            for name in ("attempts", "hedges", "hedge_wins", "stalls", "retries"):
-                setattr(io, name, int(getattr(counts, name, 0)))
-        ra = self._readahead_stats
-        if ra is not None:
-            io.readahead_reads, io.readahead_peak_bytes = ra.reads, ra.peak_bytes
-            io.readahead_budget = ra.budget
-        return io
 
     # ------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[T_co]:
@@ -407,8 +341,8 @@ class AsyncLoader(Generic[T_co]):
             # the loop holds its tasks weakly; the loop thread drops this when it ends
             # (set only when needed: pipeline -> runtime -> pipeline is a cycle)
             runtime.keepalive = pipeline
-        self._last = progress
-        it = _Iterator(self, pipeline, runtime, progress)
+        self._ckpt.last = progress
+        it = _Iterator(self._pass_context(), pipeline, runtime, progress)
         pipeline.acct.start()  # stopped with the pass (its close or finalizer)
         if self.progress or self.log_every:
             it._view = LiveView(pipeline.acct, available_cores(), progress=self.progress,
@@ -420,6 +354,18 @@ class AsyncLoader(Generic[T_co]):
         self._stats.epoch = self._epoch
         it._start()
         return it
+
+    def _pass_context(self) -> PassContext:
+        """What the pass's iterator needs from this loader (no reference to it)."""
+        return PassContext(
+            dataset=self.dataset, batch_size=self.batch_size, drop_last=self.drop_last,
+            timeout=self.timeout, in_order=self.in_order, on_error=self.on_error,
+            iterable=self._iterable, epoch=self._epoch, plan=self._plan,
+            generator=self.generator, stats=self._stats, skips=self._skips,
+            host_pool=self._host_pool, layouts=self._layouts,
+            length=functools.partial(batch_count, self.dataset, self._plan, self._iterable,
+                                     self.batch_size, self.drop_last),
+            owner=self)
 
     def _make_pipeline(self, runtime: Runtime
                        ) -> tuple[Pipeline | IterablePipeline, PassProgress]:
@@ -468,58 +414,11 @@ class AsyncLoader(Generic[T_co]):
             pipeline.acct.probe.not_before = self._acct.probe.next_wake
         return pipeline, progress
 
-    def _stateful_sampler(self) -> Any:
-        """The user's batch sampler or sampler when it keeps its own state, else None."""
-        for s in (self._plan.user_batch_sampler, self._plan.user_sampler):
-            if s is not None and has_state(s):
-                return s
-        return None
 
     def _start_plan(self, resume: LoaderState | None) -> tuple[Iterator[Any], PassProgress]:
-        """The epoch's plan, fast-forwarded past what a loaded state had consumed,
-        and the pass's progress record (where it starts)."""
-        sampler = self._stateful_sampler()
-        if resume is None:
-            predrawn, self._predrawn = self._predrawn, None
-            plan, replay = self._plan.start(self._epoch, predrawn, predrawn=predrawn is not None)
-            progress = PassProgress(self._epoch, replay)
-            return _snapshotting(plan, sampler, progress, 0), progress
-        taken = resume.batches_taken
-        if resume.world_size != self.world_size:
-            # the rest of the epoch, from the first global position not consumed
-            progress = PassProgress(self._epoch, {}, 0, resume.offset, [], resume.carry,
-                                    resharded_from=resume.offset)
-            plan = self._plan.resharded(self._epoch, resume.offset)
-            self._load_dataset_state(resume)
-            return plan, progress
-        origin = resume.resharded_from
-        own_position = sampler is not None and resume.sampler_state is not None and taken
-        if own_position:
-            # a sampler with its own state resumes itself (as StatefulDataLoader does)
-            sampler.load_state_dict(resume.sampler_state)
-        if origin is not None:  # the pass was itself an elastic resume: replay its plan
-            plan, replay = self._plan.resharded(self._epoch, origin), {}
-        else:
-            plan, replay = self._plan.start(self._epoch, resume.replay)
-        if not own_position:
-            for _ in range(taken):
-                next(plan, None)
-        self._load_dataset_state(resume)
-        extra = set(resume.taken_extra)
-        if extra:
-            plan = _blank_taken(plan, taken, extra)
-        progress = PassProgress(self._epoch, replay, taken, resume.offset, sorted(extra),
-                                resume.carry, origin,
-                                sampler_state=resume.sampler_state if own_position else None)
-        return _snapshotting(plan, sampler, progress, taken), progress
-
-    def _load_dataset_state(self, resume: LoaderState) -> None:
-        """Load a mid-pass state's dataset state, once the resumed pass's plan has
-        started: a sampler drawing its order from the global RNG draws it as in the
-        interrupted pass, before a dataset whose state holds that RNG sets it (the
-        order StatefulDataLoader restores them in)."""
-        if resume.dataset_state is not None and has_state(self.dataset):
-            self.dataset.load_state_dict(resume.dataset_state)
+        """The epoch's plan and the pass's progress record (see
+        :meth:`Checkpoints.start_plan`)."""
+        return self._ckpt.start_plan(resume)
 
     # -------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -534,32 +433,7 @@ class AsyncLoader(Generic[T_co]):
         global RNG at the next ``iter()`` is drawn now).  It holds the dataset's
         and the sampler's own ``state_dict()`` when they have one.
         """
-        if self._resume is not None:
-            return self._resume.to_dict()
-        st = LoaderState(epoch=self._epoch, dataset_len=self._dataset_len(),
-                         batch_size=self.batch_size, drop_last=self.drop_last,
-                         shuffle=self._plan.shuffle, seed=self.seed,
-                         world_size=self.world_size, rank=self.rank, on_error=self.on_error)
-        progress = self._last
-        if progress is not None and not progress.done:
-            progress.fill(st, self.world_size)
-            if not self._iterable and has_state(self.dataset):
-                st.dataset_state = self.dataset.state_dict()
-            return st.to_dict()
-        if self.generator is not None:
-            st.replay = {"generator_state": _gen_state_to_str(self.generator)}
-        elif self._plan.global_shuffle:
-            if self._predrawn is None:
-                self._predrawn = self._plan.predraw()
-            st.replay = dict(self._predrawn)
-        if has_state(self.dataset):
-            st.dataset_state = self.dataset.state_dict()
-        if progress is not None and progress.stream is not None:
-            st.stream = progress.stream.ended()
-        sampler = self._stateful_sampler()
-        if sampler is not None:
-            st.sampler_state = sampler.state_dict()
-        return st.to_dict()
+        return self._ckpt.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` continues where it was.
@@ -571,92 +445,13 @@ class AsyncLoader(Generic[T_co]):
         (the dataset's once the pass's sampler has started, as StatefulDataLoader
         does), and a mid-pass stream position too.
         """
-        st = LoaderState.from_dict(state)
-        n = self._dataset_len()
-        if st.dataset_len != n:
-            raise StateError(f"the state was taken on a data set of {st.dataset_len} "
-                             f"samples; this one has {n}")
-        if st.batch_size != self.batch_size:
-            raise StateError(f"the state was taken with batch_size={st.batch_size}; "
-                             f"this loader has batch_size={self.batch_size}")
-        if not self._iterable:
-            self._check_plan_matches(st)
-        elif st.in_pass and st.stream is None:
-            raise StateError("this mid-stream state of an IterableDataset was written by an "
-                             "older asyncfeed (state version 1), which did not record the "
-                             "stream position; a state taken between passes is accepted")
+        st = self._ckpt.check(state)
         self._close_current("a state was loaded")
-        self._last = None
-        self._predrawn = None
-        self._epoch = st.epoch
-        self.set_epoch(self._epoch)
-        if st.dataset_state is not None and has_state(self.dataset) \
-                and (self._iterable or not st.in_pass):
-            self.dataset.load_state_dict(st.dataset_state)   # mid-pass: see _start_plan
-        if self._iterable:
-            self._resume = st if st.in_pass else None
-            if not st.in_pass and st.stream is not None and st.stream.get("ended"):
-                caps = self._caps
-                StreamTracker.restore_ended(
-                    lambda: iter(caps.iter_raw() if caps.iter_raw is not None
-                                 else self.dataset), st.stream)
-            return
-        if not st.in_pass:
-            sampler = self._stateful_sampler()
-            if sampler is not None and st.sampler_state is not None:
-                sampler.load_state_dict(st.sampler_state)
-            if self.generator is not None and "generator_state" in st.replay:
-                self.generator.set_state(_gen_state_from_str(st.replay["generator_state"]))
-            elif self._plan.global_shuffle and "sampler_seed" in st.replay:
-                self._predrawn = dict(st.replay)
-            self._resume = None
-            return
-        self._resume = st
-
-    def _check_plan_matches(self, state: LoaderState) -> None:
-        """Raise StateError unless this loader can continue the plan ``state`` was in."""
-        sharded = self._plan.sharded
-        for key, mine in (("shuffle", self._plan.shuffle), ("drop_last", self.drop_last),
-                          ("seed", self.seed)):
-            theirs = getattr(state, key)
-            shown = theirs
-            if key == "seed" and sharded:  # a sharded plan shuffles with seed 0 by default
-                theirs, mine = theirs or 0, mine or 0
-            if theirs != mine:
-                raise StateError(f"the state was taken with {key}={shown!r}; this "
-                                 f"loader has {key}={mine!r}, so it would continue another "
-                                 "order")
-        if state.world_size == self.world_size:
-            # ranks in step share one position; what is held back or taken out of
-            # order is the rank's own
-            if state.rank != self.rank and (state.carry or state.taken_extra
-                                            or state.on_error == "skip"):
-                raise StateError(f"the state is rank {state.rank}'s and holds that "
-                                 f"rank's own progress; this loader is rank {self.rank} of "
-                                 f"{self.world_size} (load each rank's own state)")
-            return
-        if not state.in_pass:
-            return  # between passes: the next epoch starts from scratch on any world size
-        if self._plan.user_sampler is not None or self._plan.user_batch_sampler is not None:
-            raise StateError("resuming with another world size needs the loader's own "
-                             "sharding (no custom sampler)")
-        if state.taken_extra:
-            raise StateError("an elastic resume (another world size) needs a state "
-                             "taken with in_order=True")
-        if state.on_error == "skip":
-            raise StateError("an elastic resume (another world size) needs a state taken "
-                             "with on_error='raise': with skipping, ranks consume different "
-                             "numbers of samples, so no one state says where the epoch stands")
+        self._ckpt.adopt(st)
 
     def _len_or_none(self) -> int | None:
         try:
             return len(self)
-        except TypeError:
-            return None
-
-    def _dataset_len(self) -> int | None:
-        try:
-            return len(self.dataset)
         except TypeError:
             return None
 
@@ -680,53 +475,9 @@ class AsyncLoader(Generic[T_co]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------ bookkeeping
-    def _record_skips(self, b: Batch) -> None:
-        """Record ``b``'s failed samples as skipped (KeyboardInterrupt, SystemExit:
-        raised as they are, never skipped)."""
-        for _, _, e in b.failures:
-            if e is not None and is_fatal(e):
-                raise e
-        for _, idx, e in sorted(b.failures, key=lambda f: f[0]):
-            if e is None:
-                continue  # recorded already
-            err = sample_error(self.dataset, idx, e, b.k)
-            source = err.source if isinstance(err, SampleError) else None
-            cause = err.cause if isinstance(err, SampleError) and err.cause is not None else e
-            entry = SkippedSample(index=idx, source=source, error=describe(cause),
-                                  epoch=self._epoch, batch=b.k)
-            self._stats.skipped.append(entry)
-            self._skip_log.warning(f"skipped {_first_line(err)}")
-            del err, cause
-        # drop the exceptions (keep which rows failed): an exception's traceback holds
-        # the frames that held ``b``, a cycle that would keep the batch's buffers from
-        # the host pool until a garbage collection
-        b.failures = [(row, idx, None) for row, idx, _ in b.failures]
-
-
-def _first_line(e: BaseException) -> str:
-    """The message of a rebuilt error without its traceback (for the skip log)."""
-    return str(e).split("\n", 1)[0] if isinstance(e, SampleError) else describe(e)
-
-
-def _snapshotting(plan: Iterator[Any], sampler: Any, progress: PassProgress,
-                  base: int) -> Iterator[Any]:
-    """The plan, with the sampler's own state recorded after each batch drawn (the
-    state a resume after that many batches loads into the sampler)."""
-    if sampler is None:
-        return plan
-
-    def gen() -> Iterator[Any]:
-        for drawn, item in enumerate(plan, start=base + 1):
-            progress.snap_sampler(drawn, sampler.state_dict())
-            yield item
-    return gen()
-
 
 def _close_current(ref_box: list[Any]) -> None:
     ref = ref_box[0]
     it = ref() if ref is not None else None
     if it is not None:
         it._close("the loader was garbage-collected")
-
-

@@ -8,23 +8,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._io.hedge import CountsReads
 from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
 from .advice import DatasetKnobs, dataset_knobs, explain
 from .execution_report import ExecutionReport
 from .policy import Mode
+from .readahead import ReadAheadStats
 
 log = logging.getLogger("asyncfeed")
 
 
 @dataclass(frozen=True)
 class SkippedSample:
-    """One sample dropped under ``on_error="skip"``."""
+    """One sample dropped under ``on_error="skip"``.
+
+    ``index``: the sample's index; ``source``: its path or URL where the dataset
+    names one; ``error``: ``"Type: message"`` of what it raised; ``error_type``:
+    that exception's class name; ``epoch`` and ``batch``: where it was skipped.
+    """
 
     index: object
     source: str | None
     error: str
     epoch: int
     batch: int | None = None
+    error_type: str = ""
 
 
 @dataclass
@@ -126,6 +134,20 @@ class LoaderStats:
             return "No batch has been delivered yet: there is nothing to explain."
         inline = self.execution is not None and self.execution.mode is Mode.INLINE
         return explain(*self._reading, self._knobs, inline=inline)
+
+
+def io_stats(dataset: Any, readahead: ReadAheadStats | None) -> IOStats:
+    """``stats().io`` of a loader reading on the event loop: the source's read
+    counts (a dataset that counts its reads) and the last pass's read-ahead."""
+    io = IOStats()
+    if isinstance(dataset, CountsReads):
+        counts = dataset.read_stats()
+        for name in ("attempts", "hedges", "hedge_wins", "stalls", "retries"):
+            setattr(io, name, int(getattr(counts, name, 0)))
+    if readahead is not None:
+        io.readahead_reads, io.readahead_peak_bytes = readahead.reads, readahead.peak_bytes
+        io.readahead_budget = readahead.budget
+    return io
 
 
 def observe(acct: Accounting | None, cores: int, dataset: Any = None) -> dict[str, Any]:

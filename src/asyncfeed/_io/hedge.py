@@ -249,6 +249,29 @@ class TailGuard:
             self._latency.observe(monotonic() - t0)
             self._answered.append(seq)
             return result
+        return await self._race(make, hard, seq, t0)
+
+    def _drop_stalled(self, running: dict[asyncio.Future, Progress],
+                      abandoned: list[asyncio.Future], lim: Limits,
+                      now: float) -> StallTimeout | None:
+        """Cancel the attempts in ``running`` that the adaptive timeout gives up on
+        (moved to ``abandoned``); the first one's :class:`StallTimeout`, if any."""
+        first: StallTimeout | None = None
+        for fut, progress in list(running.items()):
+            why = self._stalled(progress, lim, now)
+            if why is not None:
+                fut.cancel()
+                del running[fut]
+                abandoned.append(fut)
+                self.stats.stalls += 1
+                if first is None:
+                    first = StallTimeout(why)
+        return first
+
+    async def _race(self, make: Callable[[], Awaitable[T]], hard: float | None, seq: int,
+                    t0: float) -> T:
+        """:meth:`attempt` with hedging or the adaptive timeout: attempts raced until
+        one answers; the losers are cancelled and reaped before this returns."""
         running: dict[asyncio.Future, Progress] = {}
         abandoned: list[asyncio.Future] = []
         hedge: asyncio.Future | None = None
@@ -295,15 +318,9 @@ class TailGuard:
                         error = exc
                 if self.policy.adaptive_timeout and running:
                     lim = self.limits(hard)  # as of now: what just answered counts
-                    for fut, progress in list(running.items()):
-                        why = self._stalled(progress, lim, now)
-                        if why is not None:
-                            fut.cancel()
-                            del running[fut]
-                            abandoned.append(fut)
-                            self.stats.stalls += 1
-                            if error is None:
-                                error = StallTimeout(why)
+                    stalled = self._drop_stalled(running, abandoned, lim, now)
+                    if error is None:
+                        error = stalled
                 if (hedge is None and lim.hedge is not None and running
                         and now - t0 >= lim.hedge and self._overtaken(seq)
                         and self._take_token()):
