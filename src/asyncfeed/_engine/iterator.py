@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from .._errors import AsyncFeedError, LoaderClosedError, is_fatal, rebuild_error
 from .handoff import BatchHandoff, PassState
 from .iterable import IterablePipeline
-from .pipeline import Batch, Pipeline, sample_error
+from .batch import Batch, sample_error
+from .pipeline import Pipeline
 from .progress import LiveView
 from .runtime import Runtime
 from .state import PassProgress

@@ -19,10 +19,13 @@ from .capabilities import Capabilities
 from .chooser import Chooser, ExecutionReport
 from .policy import INLINE, Candidate, Mode, Reason, Space, processes, threads
 from .processes import Execution
+from .executors import Executors, ProcessRows
 from .tasksize import Gate, RowCost
 from .iterable import IterablePipeline
 from .handoff import PassConfig
-from .pipeline import Batch, LayoutHolder, PassExecution, Pipeline, sample_error
+from .batch import Batch, sample_error
+from .pipeline import Pipeline
+from .samples import LayoutHolder
 from .plan import IndexPlan, _gen_state_from_str, _gen_state_to_str, is_iterable_dataset, validate
 from .runtime import Runtime
 from .._memory.slots import SlotRing
@@ -452,20 +455,20 @@ class AsyncLoader(Generic[T_co]):
         base_seed = getattr(self._plan, "base_seed", None)
         if base_seed is None:
             base_seed = (self.seed or 0) + self._epoch
-        ex, quiet = self._exec, runtime.pool.quiet
-        execution = PassExecution(
-            gate=Gate(0 if chooser.current.mode is Mode.INLINE
-                      else chooser.current.count if chooser.current.mode is Mode.THREADS
+        current = chooser.current
+        executors = Executors.build(
+            gate=Gate(0 if current.mode is Mode.INLINE
+                      else current.count if current.mode is Mode.THREADS
                       else self.num_threads),
-            row_cost=self._row_cost, chooser=chooser,
-            stage_for=lambda: ex.stage_for(base_seed, quiet))
+            row_cost=self._row_cost, num_threads=runtime.num_threads, chooser=chooser,
+            processes=ProcessRows(self._exec, base_seed, runtime.pool.quiet))
         pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,
                             layouts=self._layouts, runtime=runtime, memory=self._memory,
-                            copy=self._copy, execution=execution)
+                            copy=self._copy, executors=executors,
+                            # the GIL probe's budget holds across passes (see gilprobe)
+                            probe_not_before=(self._acct.probe.next_wake
+                                              if self._acct is not None else None))
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
-        pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
-        if self._acct is not None:  # its budget holds across passes (see gilprobe)
-            pipeline.acct.probe.not_before = self._acct.probe.next_wake
         return pipeline, progress
 
     def _stateful_sampler(self) -> Any:
