@@ -89,7 +89,7 @@ class Pipeline(BatchHandoff):
             self.readahead.on_read = functools.partial(self.acct.add_wall, FETCH)
         self.plan = plan
         self.io_concurrency = config.io_concurrency
-        self.fetching = FetchStage(self, caps.fetch, config.io_concurrency, self.readahead) \
+        self.fetching = FetchStage(caps.fetch, config.io_concurrency, self.readahead) \
             if caps.use_fetch else None
         # where rows run: the chooser picks the executor through apply()
         self.executors = executors
@@ -215,7 +215,7 @@ class Pipeline(BatchHandoff):
             if self.runtime.submit(self._run_getitems, b) is None:
                 self.abandon(b)
         elif self.fetching is not None:
-            if not self.fetching.submit(b):
+            if not self.fetching.submit(self, b):
                 self.abandon(b)
         elif not self.executor.submit(self, b):
             if self.executor.mode is Mode.PROCESSES:
