@@ -105,7 +105,7 @@ class ProcessStage:
         self._dead: set[int] = set()
         self._last_layout: Layout | None = None
         self.row_s: float | None = None  # what a row takes in a worker (a running mean)
-        # an EpochAware dataset's epoch travels with every task (see _worker_main)
+        # an EpochAware dataset's epoch travels with every task (see worker.worker_main)
         self._epoch_aware = isinstance(dataset, EpochAware)
 
     @property

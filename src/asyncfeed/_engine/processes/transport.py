@@ -81,7 +81,7 @@ def error_payload(e: BaseException) -> tuple[bytes | None, str, list[str]]:
 
 
 def rebuild(payload: tuple[bytes | None, str, list[str]]) -> BaseException:
-    """The exception :func:`_error_payload` sent: of its type, with its message,
+    """The exception :func:`error_payload` sent: of its type, with its message,
     attributes and traceback text (``traceback_text`` gives the worker's), as the
     consumer would have had it from a thread.  One that could not travel is an
     :class:`AsyncFeedError` with its ``Type: message``."""

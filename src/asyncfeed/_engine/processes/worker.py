@@ -172,7 +172,7 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
     message and holds no lock another worker needs (a shared ``multiprocessing.Queue``
     is written by a feeder thread under a lock shared by every worker: a worker dying
     mid-write used to leave the others, and so the pass, waiting forever).  A
-    sample's exception goes back as :func:`_error_payload` makes it."""
+    sample's exception goes back as :func:`~.transport.error_payload` makes it."""
     from torch._utils import ExceptionWrapper
     from torch.utils.data._utils import worker as tw
     torch.set_num_threads(1)
@@ -206,37 +206,54 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
         task_id, rows, indices, path, layout, n_rows, forget, epoch = task
         if epoch is not None and getattr(dataset, "epoch", epoch) != epoch:
             dataset.set_epoch(epoch)  # the loader's dataset moved on (EpochAware)
-        for f in forget:
-            r = mapped.pop(f, None)
-            if r is not None:
-                r.close()
-        target = None
-        if path is not None:
-            target = mapped.get(path)
-            if target is None:
-                try:
-                    target = mapped[path] = _Rows(path, layout, n_rows)
-                except OSError:
-                    target = None
-        out: list[tuple[int, str, Any]] = []
+        target = _target(mapped, forget, path, layout, n_rows)
         t0 = time.perf_counter()
-        for row, idx in zip(rows, indices):
-            if inbox.stop_asked():
-                break
-            try:
-                sample = dataset[idx]
-            except BaseException as e:  # noqa: BLE001 - travels to the loader's process
-                out.append((row, "e", error_payload(e)))
-                del e
-                continue
-            if target is not None and target.write(row, sample):
-                out.append((row, "w", None))
-            else:
-                out.append((row, "s", sample))
-            del sample
+        out = _run_rows(dataset, rows, indices, target, inbox)
         if inbox.stopped:
             break
         results.send_bytes(dump_task(task_id, worker_id, out, time.perf_counter() - t0))
         del out
     for r in mapped.values():
         r.close()
+
+
+def _target(mapped: dict[str, _Rows], forget: list[str], path: str | None, layout: Any,
+            n_rows: int) -> _Rows | None:
+    """The mapped buffer set a task's rows go into (None: pickled back), mapped on
+    first use; the segments the stage let go of (``forget``) are unmapped first."""
+    for f in forget:
+        r = mapped.pop(f, None)
+        if r is not None:
+            r.close()
+    if path is None:
+        return None
+    target = mapped.get(path)
+    if target is None:
+        try:
+            target = mapped[path] = _Rows(path, layout, n_rows)
+        except OSError:
+            target = None
+    return target
+
+
+def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows | None,
+              inbox: _Tasks) -> list[tuple[int, str, Any]]:
+    """``dataset[idx]`` for each row of a task: ``(row, "w", None)`` written into
+    ``target``, ``(row, "s", sample)`` to pickle back, ``(row, "e", payload)`` for an
+    exception.  Stops early when the stage says stop (``inbox.stopped``)."""
+    out: list[tuple[int, str, Any]] = []
+    for row, idx in zip(rows, indices):
+        if inbox.stop_asked():
+            break
+        try:
+            sample = dataset[idx]
+        except BaseException as e:  # noqa: BLE001 - travels to the loader's process
+            out.append((row, "e", error_payload(e)))
+            del e
+            continue
+        if target is not None and target.write(row, sample):
+            out.append((row, "w", None))
+        else:
+            out.append((row, "s", sample))
+        del sample
+    return out
