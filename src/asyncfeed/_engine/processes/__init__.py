@@ -44,7 +44,8 @@ The package, one job a module:
 * ``handover``: a pass's batches and queued row tasks handed to the stage;
 * ``taskrows``: a task's rows on the loader's side: its message, its size,
   its results put back into the batch;
-* ``execution``: :class:`Execution`, the loader's stage across passes.
+* ``execution``: :class:`Execution`, the loader's stage across passes;
+* ``opened``: the stages open in this process, closed at interpreter exit.
 """
 
 from .execution import EXECUTIONS, Execution
