@@ -2,9 +2,7 @@
 modules and functions a reader can hold in mind.
 
 Read from the source with ``ast`` (nothing is imported): every import counts,
-those inside functions and under ``TYPE_CHECKING`` too.  ``PENDING`` lists the
-findings still known to be there; each is an expected failure (strict: one that
-is gone fails its test until it is taken off the list).
+those inside functions and under ``TYPE_CHECKING`` too.
 """
 
 from __future__ import annotations
@@ -19,16 +17,6 @@ PACKAGE = "asyncfeed"
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 LOWER_LAYERS = ("asyncfeed._memory", "asyncfeed._io")
-
-# findings that the engine-core split removes: (kind, what)
-PENDING = {
-    ("cycle", "asyncfeed._engine.handoff asyncfeed._engine.pipeline "
-              "asyncfeed._engine.processes asyncfeed._engine.rowtasks"),
-    ("module", "asyncfeed/_engine/processes.py"),
-    ("module", "asyncfeed/_engine/pipeline.py"),
-    ("function", "asyncfeed/_engine/processes.py:_worker_main"),
-}
-
 
 def _modules() -> dict[str, Path]:
     """Every module of the package by dotted name (a package by its own name)."""
@@ -130,16 +118,10 @@ def test_the_checks_see_the_package():
 
 
 @pytest.mark.parametrize("kind", ["cycle", "module", "function"])
-def test_nothing_new_of_kind(kind):
-    """No import cycle, no module over 600 lines, no function over 80, beyond PENDING."""
-    new = sorted(what for k, what in FINDINGS - PENDING if k == kind)
-    assert not new, f"{kind}: {new}"
-
-
-@pytest.mark.parametrize("kind,what", sorted(PENDING))
-@pytest.mark.xfail(strict=True, reason="pending the engine-core split (issue 35)")
-def test_pending(kind, what):
-    assert (kind, what) not in FINDINGS
+def test_nothing_of_kind(kind):
+    """No import cycle, no module over 600 lines, no function over 80."""
+    found = sorted(what for k, what in FINDINGS if k == kind)
+    assert not found, f"{kind}: {found}"
 
 
 @pytest.mark.parametrize("layer", LOWER_LAYERS)

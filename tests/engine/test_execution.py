@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from asyncfeed import AsyncLoader, SampleError, WorkerCrashedError
 from asyncfeed._engine import processes
+from asyncfeed._engine.processes import stage as stage_mod, taskrows
 from asyncfeed._engine.policy import INLINE, Mode, Reason
 from asyncfeed._engine.policy import processes as processes_n
 from asyncfeed._engine.tasksize import RowCost
@@ -259,7 +260,7 @@ def test_tasks_wait_for_a_free_worker_not_in_a_slow_ones_queue():
     ``WORKER_DEPTH`` tasks, so the slow one does a few rows and the fast one the
     rest.  Shared out as they were submitted, half the pass (about 30 rows, 3 s)
     waited in the slow worker's queue."""
-    assert processes.WORKER_DEPTH == 2
+    assert stage_mod.WORKER_DEPTH == 2
     with AsyncLoader(SlowFirstWorker(), batch_size=8, prefetch=8,
                      execution="processes") as al:
         got = list(al)
@@ -294,7 +295,7 @@ def test_a_dead_worker_fails_only_what_it_held_the_waiting_tasks_run():
             time.sleep(0.01)
     skipped = [s.index for s in st.skipped]
     # it held WORKER_DEPTH tasks of at most half a batch (4 rows) each
-    assert 21 in skipped and len(skipped) <= processes.WORKER_DEPTH * 4, skipped
+    assert 21 in skipped and len(skipped) <= stage_mod.WORKER_DEPTH * 4, skipped
     assert all(s.error_type == "WorkerCrashedError" for s in st.skipped), st.skipped
     delivered = torch.cat(got)[:, 0].tolist()
     assert delivered == [i for i in range(64) if i not in skipped]
@@ -401,7 +402,7 @@ def test_threads_never_start_processes():
     (128, 1, 0.0005, 100),  # one worker: the target alone bounds it
 ])
 def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, expect):
-    assert processes.PROCESS_TASK_S == 0.05
+    assert taskrows.PROCESS_TASK_S == 0.05
     assert processes.rows_per_process_task(n, workers, row_cost) == expect
 
 
@@ -448,7 +449,7 @@ def test_once_the_plan_ran_out_the_backlog_goes_in_shrinking_pieces():
         for tid, rows in enumerate((8, 8, 8)):  # 24 rows wait besides the one sent now
             stage._pending[tid] = (done, None, 0, rows, -1, 0.0)
             stage._backlog.append((tid, None))
-        assert processes.TAIL_SHARE == 0.5
+        assert stage_mod.TAIL_SHARE == 0.5
         assert stage._tail_piece(going, 8) == 8        # more batches will come
         assert stage._tail_piece(done, 8) == 8         # 32 rows left: 8 a worker
         stage._backlog.pop(), stage._backlog.pop()

@@ -202,7 +202,7 @@ def test_an_inline_consumer_finds_a_task_queued_without_a_notify():
     took while its gate was being installed -- within a few milliseconds, not
     after the one-second wait that serves a consumer whose batches threads make."""
     from asyncfeed._engine.tasksize import Gate
-    from asyncfeed._engine.pipeline import Batch
+    from asyncfeed._engine.batch import Batch
     rt = Runtime(1, with_loop=False)
     try:
         rt.pool.admit(Gate(0))  # its thread runs nothing: the consumer does
@@ -224,7 +224,7 @@ def test_the_thread_that_readied_a_batch_waits_for_the_consumers_hand_over(monke
     consumer is done with its hand-over (``handed()``), not as soon as it took the
     batch: the consumer plans and assembles with nobody contending for the GIL."""
     from asyncfeed._engine import handoff
-    from asyncfeed._engine.pipeline import Batch
+    from asyncfeed._engine.batch import Batch
     monkeypatch.setattr(handoff, "HAND_S", 5.0)
     rt = Runtime(1, with_loop=False)
     try:
@@ -262,7 +262,7 @@ def test_every_next_hands_the_batch_over(monkeypatch):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_one_pinned_thread_gets_each_batch_as_one_task(monkeypatch, threads):
-    from asyncfeed._engine import pipeline, rowtasks
+    from asyncfeed._engine import rowtasks
     runs: list[tuple[int, int, int]] = []
     real = rowtasks.run_rows
 
@@ -275,7 +275,7 @@ def test_one_pinned_thread_gets_each_batch_as_one_task(monkeypatch, threads):
             time.sleep(0.001)
             return super().__getitem__(i)
 
-    monkeypatch.setattr(pipeline.rowtasks, "run_rows", spy)
+    monkeypatch.setattr(rowtasks, "run_rows", spy)
     with AsyncLoader(Slowish(), batch_size=10, num_threads=threads) as al:
         got = list(al)
     assert_same_batches(got, list(DataLoader(Squares(), batch_size=10)))

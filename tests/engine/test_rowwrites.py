@@ -4,7 +4,7 @@
   copied holding the GIL, big ones in bulk with one ``torch.stack``): the bytes
   must be the ones ``Layout.write_row`` writes, row by row.
 * Batches loaded by several tasks are written by the thread that finishes them
-  (``rowtasks.write_deferred``): batches still match DataLoader's bit for bit,
+  (``samples.write_deferred``): batches still match DataLoader's bit for bit,
   whatever the rows (read-only, strided, tensors, shapes that change mid-pass).
 * The decode pool passes the pass's gate before taking a task (``TaskPool.admit``).
 
@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from asyncfeed import AsyncLoader
-from asyncfeed._engine import rowtasks
+from asyncfeed._engine import samples
 from asyncfeed._engine.tasksize import Gate
 from asyncfeed._memory.layout import Layout, _Leaf
-from asyncfeed._engine.rowtasks import BULK_ROW_BYTES, FlatWriter
+from asyncfeed._engine.rowwrite import BULK_ROW_BYTES, FlatWriter
 from asyncfeed._engine.taskpool import TaskPool
 from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import assert_parity
@@ -154,12 +154,12 @@ class BigVarying(BigRows):
 @pytest.fixture
 def deferred_calls(monkeypatch):
     calls = []
-    real = rowtasks.write_deferred
+    real = samples.write_deferred
 
     def spy(p, b):
         calls.append(b.k)
         real(p, b)
-    monkeypatch.setattr(rowtasks, "write_deferred", spy)
+    monkeypatch.setattr(samples, "write_deferred", spy)
     return calls
 
 

@@ -26,6 +26,8 @@ from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader
 from asyncfeed._engine import processes
+from asyncfeed._engine.processes import execution, handover, shm
+from asyncfeed._engine.processes import stage as stage_mod
 from asyncfeed._engine.policy import Mode
 from asyncfeed._engine.policy import processes as processes_n
 from asyncfeed._engine.tasksize import Gate
@@ -249,7 +251,7 @@ def test_a_held_lease_keeps_a_loaders_files_whatever_its_pid_reads():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     group = f"/dev/shm/asyncfeed-{dead.pid}-89abcdef"
-    files = [f"{group}-0", f"{group}-{processes.LEASE}"]
+    files = [f"{group}-0", f"{group}-{shm.LEASE}"]
     for path in files:
         with open(path, "wb") as f:
             f.write(b"x" * 64)
@@ -276,9 +278,9 @@ def test_a_loaders_lease_is_held_while_it_lives_and_gone_after_close():
     with AsyncLoader(TupleFixed(32), batch_size=8, execution="processes") as al:
         it = iter(al)
         next(it)
-        leases = glob.glob(f"/dev/shm/asyncfeed-{os.getpid()}-*-{processes.LEASE}")
-        assert len(leases) == 1 and not processes._lease_free(leases[0])
-        processes.remove_segments()  # a sweep by another stage spares it
+        leases = glob.glob(f"/dev/shm/asyncfeed-{os.getpid()}-*-{shm.LEASE}")
+        assert len(leases) == 1 and not shm._lease_free(leases[0])
+        shm.remove_segments()  # a sweep by another stage spares it
         assert os.path.exists(leases[0])
         assert len(list(it)) == 3
     assert not os.path.exists(leases[0])
@@ -355,8 +357,8 @@ class _SlowOnce(_Tiny):
 
 def test_the_fork_waits_for_running_tasks_and_tries_again_later(monkeypatch, caplog):
     import logging
-    monkeypatch.setattr(processes, "QUIET_S", 0.1)
-    monkeypatch.setattr(processes, "QUIET_RETRY_S", 0.2)
+    monkeypatch.setattr(stage_mod, "QUIET_S", 0.1)
+    monkeypatch.setattr(execution, "QUIET_RETRY_S", 0.2)
     ds = _SlowOnce(320, trigger=16 * 2 + 3)
     with caplog.at_level(logging.DEBUG, logger="asyncfeed"):
         with AsyncLoader(ds, batch_size=16, num_threads=1, prefetch=4) as al:
@@ -382,7 +384,7 @@ def test_queued_batches_go_to_the_stage_whole_and_into_shared_memory(monkeypatch
     from support.datasets import SwitchAtRow
     sent: list[tuple[int, int, int, str | None]] = []
     moved: list[int] = []
-    real_submit, real_take = processes.ProcessStage.submit, processes.take_over_queued
+    real_submit, real_take = processes.ProcessStage.submit, handover.take_over_queued
 
     def spy(self, p, b, lo, hi, path):
         ok = real_submit(self, p, b, lo, hi, path)
@@ -396,7 +398,7 @@ def test_queued_batches_go_to_the_stage_whole_and_into_shared_memory(monkeypatch
         return n
 
     monkeypatch.setattr(processes.ProcessStage, "submit", spy)
-    monkeypatch.setattr(processes, "take_over_queued", spy_take)
+    monkeypatch.setattr(handover, "take_over_queued", spy_take)
     bs = 8
     ds = SwitchAtRow(12 * bs, trigger=bs + 2)  # in batch 1: batches 2-4 are queued then
     with AsyncLoader(ds, batch_size=bs, num_threads=1, prefetch=4,

@@ -15,7 +15,7 @@ from asyncfeed import AsyncLoader
 from asyncfeed._engine.policy import INLINE, Mode, processes, threads
 from asyncfeed._engine.tasksize import Gate, rows_per_task
 from asyncfeed._memory.layout import Layout
-from asyncfeed._engine.rowtasks import FlatWriter
+from asyncfeed._engine.rowwrite import FlatWriter
 from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import MixedFixed, TupleFixed, assert_parity
 

@@ -18,16 +18,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._errors import LoaderClosedError, LoaderTimeout
-from .._memory.device import pin
-from ..protocols import DeviceTransfer
-from .accounting import QUEUE, Accounting
 from .._memory.layout import Layout
-from .rowtasks import WRITTEN
+from ..protocols import DeviceTransfer
+from . import transfer
+from .accounting import QUEUE, Accounting
+from .batch import WRITTEN, Batch, BatchMode
 from .runtime import Runtime
 
 if TYPE_CHECKING:
     from .._memory.slots import SlotRing
-    from .pipeline import Batch
 
 __all__ = ["BatchHandoff", "BatchMemory", "PassConfig", "PassState"]
 
@@ -291,7 +290,7 @@ class BatchHandoff:
         """Outstanding batches that have not taken their host buffers yet."""
         with self.cond:
             return sum(1 for b in self._tracked.values()
-                       if b.mode == "ring" and b.bufs is None and b.n)
+                       if b.mode is BatchMode.RING and b.bufs is None and b.n)
 
     @property
     def _inflight(self) -> list[Batch]:
@@ -326,11 +325,7 @@ class BatchHandoff:
 
     def to_target(self, host: Any) -> tuple[Any, Any]:
         """Pin or start the device copy of a host batch; returns (batch, event)."""
-        if self.copy is not None:
-            return self.copy.to_device(self.copy.pin(host) if self.pin_host else host)
-        if self.pin_host:
-            return pin(host), None
-        return host, None
+        return transfer.to_target(self.copy, self.pin_host, host)
 
     def good_samples(self, b: Batch) -> list[tuple[Any, Any]]:
         """(index, host sample) of every sample of ``b`` that loaded, in batch order."""
@@ -339,7 +334,7 @@ class BatchHandoff:
         for r, idx in enumerate(b.indices):
             if r in failed:
                 continue
-            if b.mode == "ring" and (not b.mismatch or b.samples[r] is WRITTEN):
+            if b.mode is BatchMode.RING and (not b.mismatch or b.samples[r] is WRITTEN):
                 assert b.layout is not None and b.bufs is not None  # a ring batch's layout is known
                 out.append((idx, b.layout.row_sample(b.bufs, r)))
             else:

@@ -37,7 +37,7 @@ from ..protocols import DeviceTransfer
 from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
 from .capabilities import Capabilities
 from .handoff import BatchHandoff, PassConfig
-from .pipeline import Batch
+from .batch import Batch, BatchMode
 from .runtime import Runtime
 from .stream import StreamTracker
 
@@ -301,7 +301,7 @@ class IterablePipeline(BatchHandoff):
              indices: list[Any] | None = None) -> None:
         rows = self._rows
         b = Batch(self.made, indices if indices is not None
-                  else list(range(self._start, self._start + len(rows))), "collate")
+                  else list(range(self._start, self._start + len(rows))), BatchMode.COLLATE)
         self.made += 1
         b.samples = rows
         b.failures = self._row_failures

@@ -21,8 +21,9 @@ from .._memory.hostpool import HostBufferPool
 from .._errors import AsyncFeedError, LoaderClosedError, is_fatal, rebuild_error
 from .handoff import BatchHandoff, PassState
 from .iterable import IterablePipeline
+from .batch import Batch, sample_error
 from .passcontext import PassContext
-from .pipeline import Batch, Pipeline, sample_error
+from .pipeline import Pipeline
 from .plan import IndexPlan
 from .progress import LiveView
 from .runtime import Runtime

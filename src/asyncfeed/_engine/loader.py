@@ -26,7 +26,8 @@ from .handoff import PassConfig
 from .iterable import IterablePipeline
 from .iterator import _Iterator
 from .passcontext import PassContext, batch_count
-from .pipeline import LayoutHolder, PassExecution, Pipeline
+from .executors import Executors, ProcessRows
+from .pipeline import Pipeline
 from .plan import IndexPlan, is_iterable_dataset, validate
 from .policy import Mode
 from .processes import Execution
@@ -34,6 +35,7 @@ from .progress import LiveView
 from .readahead import ReadAheadStats
 from .resources import available_cores
 from .runtime import Runtime
+from .samples import LayoutHolder
 from .skips import SkipLog
 from .state import LoaderState, PassProgress
 from .stats import LoaderStats, io_stats, observe
@@ -398,20 +400,20 @@ class AsyncLoader(Generic[T_co]):
         base_seed = getattr(self._plan, "base_seed", None)
         if base_seed is None:
             base_seed = (self.seed or 0) + self._epoch
-        ex, quiet = self._exec, runtime.pool.quiet
-        execution = PassExecution(
-            gate=Gate(0 if chooser.current.mode is Mode.INLINE
-                      else chooser.current.count if chooser.current.mode is Mode.THREADS
+        current = chooser.current
+        executors = Executors.build(
+            gate=Gate(0 if current.mode is Mode.INLINE
+                      else current.count if current.mode is Mode.THREADS
                       else self.num_threads),
-            row_cost=self._row_cost, chooser=chooser,
-            stage_for=lambda: ex.stage_for(base_seed, quiet))
+            row_cost=self._row_cost, num_threads=runtime.num_threads, chooser=chooser,
+            processes=ProcessRows(self._exec, base_seed, runtime.pool.quiet))
         pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,
                             layouts=self._layouts, runtime=runtime, memory=self._memory,
-                            copy=self._copy, execution=execution)
+                            copy=self._copy, executors=executors,
+                            # the GIL probe's budget holds across passes (see gilprobe)
+                            probe_not_before=(self._acct.probe.next_wake
+                                              if self._acct is not None else None))
         self._readahead_stats = pipeline.readahead.stats if pipeline.readahead else None
-        pipeline.acct.gate = pipeline.gate  # the running threads are the capacity
-        if self._acct is not None:  # its budget holds across passes (see gilprobe)
-            pipeline.acct.probe.not_before = self._acct.probe.next_wake
         return pipeline, progress
 
 

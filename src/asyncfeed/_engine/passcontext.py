@@ -17,7 +17,7 @@ import torch
 
 from .._memory.hostpool import HostBufferPool
 from .config import OnError
-from .pipeline import LayoutHolder
+from .samples import LayoutHolder
 from .plan import IndexPlan
 from .skips import SkipLog
 from .stats import LoaderStats

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import SampleError, describe, is_fatal
-from .pipeline import Batch, sample_error
+from .batch import Batch, sample_error
 from .stats import RateLimitedLog, SkippedSample
 
 

@@ -1,0 +1,259 @@
+"""A worker process of the stage: its loop runs ``dataset[index]`` for the rows
+of each task it is sent and writes the samples into the batch's shared memory
+(or sends them back pickled)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..._memory.layout import _PY_SCALARS, Layout, LayoutMismatch
+from .opened import forget_all
+from .shm import open_segment, remove_segments, segment_plan
+from .transport import dump_task, dumps_results, error_payload
+
+__all__ = ["worker_main"]
+
+PARENT_CHECK_S = 1.0   # an idle worker checks this often that the loader's process lives
+STOP_CHECK_S = 0.01   # a busy worker looks this often for the stage's stop between rows
+
+
+def _seed_like_dataloader(base_seed: int, worker_id: int) -> int:
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+        np.random.seed(_generate_state(base_seed, worker_id))
+    except Exception:  # noqa: BLE001 - numpy seeding is best effort, as in DataLoader
+        pass
+    return seed
+
+
+def _as_array(x: Any, spec: Any) -> np.ndarray | None:
+    """A leaf as the NumPy array to copy into its row, or None if it does not fit."""
+    if spec.kind == "scalar":
+        return None
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.requires_grad or x.is_conj() or x.is_neg() \
+                or tuple(x.shape) != spec.shape or x.dtype != spec.dtype:
+            return None
+        try:
+            return x.numpy()
+        except (TypeError, RuntimeError):  # bfloat16 and other dtypes NumPy lacks
+            return None
+    if isinstance(x, np.ndarray):
+        if x.shape != spec.shape or not x.dtype.isnative or x.dtype.kind not in "biuf":
+            return None
+        return x
+    return None
+
+
+class _Rows:
+    """A worker's view of one buffer set: writes samples into their rows."""
+
+    def __init__(self, path: str, layout: Layout, rows: int) -> None:
+        plan, size = segment_plan(layout, rows)
+        self.mm = open_segment(path, size, create=False)
+        self.layout = layout
+        self.views: list[np.ndarray | None] = []
+        for spec, place in zip(layout.specs, plan):
+            if place is None or spec.dtype not in _NP_DTYPES:
+                self.views.append(None)
+                continue
+            off, n = place
+            dt = _NP_DTYPES[spec.dtype]
+            self.views.append(np.frombuffer(self.mm, dtype=dt, count=n // dt.itemsize,
+                                            offset=off).reshape(rows, *spec.shape))
+
+    def write(self, row: int, sample: Any) -> bool:
+        """Write ``sample`` into ``row``; False (nothing that matters written) if it
+        does not fit exactly: the sample then goes back pickled."""
+        try:
+            leaves = self.layout.flatten(sample)
+        except LayoutMismatch:
+            return False
+        arrays = []
+        for spec, x, v in zip(self.layout.specs, leaves, self.views):
+            if v is None:
+                return False
+            if spec.kind == "scalar":
+                if _PY_SCALARS.get(type(x)) != spec.dtype:
+                    return False
+                arrays.append((v, x))
+                continue
+            a = _as_array(x, spec)
+            if a is None or a.dtype != v.dtype:
+                return False
+            arrays.append((v, a))
+        for v, a in arrays:
+            v[row] = a
+        return True
+
+    def close(self) -> None:
+        self.views = []
+        try:
+            self.mm.close()
+        except BufferError:  # pragma: no cover - a view still alive; unmapped at exit
+            pass
+
+
+_NP_DTYPES: dict[torch.dtype, np.dtype] = {
+    t: np.dtype(n) for t, n in ((torch.uint8, "u1"), (torch.int8, "i1"), (torch.int16, "i2"),
+                                (torch.int32, "i4"), (torch.int64, "i8"),
+                                (torch.float16, "f2"), (torch.float32, "f4"),
+                                (torch.float64, "f8"), (torch.bool, "?"))}
+
+
+class _Tasks:
+    """A worker's end of its task pipe: the next task, and whether the stage said
+    stop (``None`` sent, or the pipe closed), looked for between rows too."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.ahead: collections.deque[Any] = collections.deque()  # tasks read early
+        self.stopped = False
+        self._looked = time.perf_counter()
+
+    def _read(self) -> Any:
+        try:
+            msg = pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):  # the loader closed its end (or is gone)
+            msg = None
+        if msg is None:
+            self.stopped = True
+        return msg
+
+    def next(self, timeout: float) -> tuple[bool, Any]:
+        """(True, the next task) or (True, None) at the stop; (False, None) when
+        nothing came within ``timeout`` seconds."""
+        if self.stopped:
+            return True, None
+        if self.ahead:
+            return True, self.ahead.popleft()
+        if not self.conn.poll(timeout):
+            return False, None
+        return True, self._read()
+
+    def stop_asked(self) -> bool:
+        """(between rows, at most every ``STOP_CHECK_S``) Whether the stage said stop:
+        a closing loader does not wait for the rows of tasks it has dropped."""
+        now = time.perf_counter()
+        if self.stopped or now - self._looked < STOP_CHECK_S:
+            return self.stopped
+        self._looked = now
+        while not self.stopped and self.conn.poll(0):
+            msg = self._read()
+            if msg is not None:
+                self.ahead.append(msg)
+        return self.stopped
+
+
+def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
+                 base_seed: int, tasks: Any, results: Any, owner: int) -> None:
+    """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows, forget,
+    epoch)`` in (pickled, over its own task pipe), one ``(task_id, worker_id, out,
+    seconds the rows took)`` back per task; ``None`` (or the pipe closed) ends it,
+    between two rows too: a task the loader dropped sends nothing back.
+    ``epoch``: an EpochAware dataset's epoch in the loader's process (None
+    otherwise), applied to this copy before its rows.
+
+    ``results`` is this worker's own pipe, written synchronously: a worker that dies
+    (``os._exit``, a segfault, the OOM killer) between tasks leaves no half-written
+    message and holds no lock another worker needs (a shared ``multiprocessing.Queue``
+    is written by a feeder thread under a lock shared by every worker: a worker dying
+    mid-write used to leave the others, and so the pass, waiting forever).  A
+    sample's exception goes back as :func:`~.transport.error_payload` makes it."""
+    from torch._utils import ExceptionWrapper
+    from torch.utils.data._utils import worker as tw
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the loader's process handles ^C
+    forget_all()  # a forked worker inherits the loader's stages: not its to close
+    seed = _seed_like_dataloader(base_seed, worker_id)
+    tw._worker_info = tw.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
+                                    dataset=dataset)
+    if init_fn is not None:
+        try:
+            init_fn(worker_id)
+        except BaseException:  # noqa: BLE001 - reported as the first task's failure
+            results.send_bytes(dumps_results((-1, worker_id, ExceptionWrapper(
+                sys.exc_info(), where=f"in worker_init_fn of worker process {worker_id}"),
+                0.0)))
+            return
+    mapped: dict[str, _Rows] = {}
+    parent = os.getppid()
+    inbox = _Tasks(tasks)
+    while True:
+        got, task = inbox.next(PARENT_CHECK_S)
+        if not got:
+            if os.getppid() != parent:
+                # the loader's process is gone (killed): so is this worker, and
+                # the loader's shared memory with it
+                remove_segments(owner)
+                break
+            continue
+        if task is None:
+            break
+        task_id, rows, indices, path, layout, n_rows, forget, epoch = task
+        if epoch is not None and getattr(dataset, "epoch", epoch) != epoch:
+            dataset.set_epoch(epoch)  # the loader's dataset moved on (EpochAware)
+        target = _target(mapped, forget, path, layout, n_rows)
+        t0 = time.perf_counter()
+        out = _run_rows(dataset, rows, indices, target, inbox)
+        if inbox.stopped:
+            break
+        results.send_bytes(dump_task(task_id, worker_id, out, time.perf_counter() - t0))
+        del out
+    for r in mapped.values():
+        r.close()
+
+
+def _target(mapped: dict[str, _Rows], forget: list[str], path: str | None, layout: Any,
+            n_rows: int) -> _Rows | None:
+    """The mapped buffer set a task's rows go into (None: pickled back), mapped on
+    first use; the segments the stage let go of (``forget``) are unmapped first."""
+    for f in forget:
+        r = mapped.pop(f, None)
+        if r is not None:
+            r.close()
+    if path is None:
+        return None
+    target = mapped.get(path)
+    if target is None:
+        try:
+            target = mapped[path] = _Rows(path, layout, n_rows)
+        except OSError:
+            target = None
+    return target
+
+
+def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows | None,
+              inbox: _Tasks) -> list[tuple[int, str, Any]]:
+    """``dataset[idx]`` for each row of a task: ``(row, "w", None)`` written into
+    ``target``, ``(row, "s", sample)`` to pickle back, ``(row, "e", payload)`` for an
+    exception.  Stops early when the stage says stop (``inbox.stopped``)."""
+    out: list[tuple[int, str, Any]] = []
+    for row, idx in zip(rows, indices):
+        if inbox.stop_asked():
+            break
+        try:
+            sample = dataset[idx]
+        except BaseException as e:  # noqa: BLE001 - travels to the loader's process
+            out.append((row, "e", error_payload(e)))
+            del e
+            continue
+        if target is not None and target.write(row, sample):
+            out.append((row, "w", None))
+        else:
+            out.append((row, "s", sample))
+        del sample
+    return out

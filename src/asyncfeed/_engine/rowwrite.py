@@ -1,0 +1,211 @@
+"""Writing samples into the rows of a batch's host buffers.
+
+:class:`FlatWriter` writes a sample that is a flat tuple of NumPy arrays, tensors
+and Python scalars (the common ``(image, label)``) with one copy per leaf, or a
+whole run of rows column by column; :func:`write_one` falls back to
+:meth:`Layout.write_row` for every other sample.  Nothing here knows a pass: a
+sample that does not fit the layout raises ``LayoutMismatch`` to the caller
+(``samples.SampleRows.write``, where the batch then turns to collating).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._memory.layout import _PY_SCALARS, Layout, _Leaf
+
+__all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "FlatWriter", "write_one"]
+
+
+#: rows of at most this many bytes are copied holding the GIL (a memcpy: ~10 us for a
+#: 3x224x224 uint8 image).  NumPy lets go of the GIL for every copy; when other threads
+#: wait for it, each release hands it over and taking it back costs two context
+#: switches, more than the copy (the "ceiling" bench workload).  Bigger rows are
+#: copied by NumPy, the GIL released.
+HOLD_GIL_BYTES = 1 << 19
+#: a batch written in bulk (see :func:`write_deferred`) copies array leaves of at
+#: least this many bytes a row with one ``torch.stack`` that lets go of the GIL once;
+#: smaller rows are copied one by one holding it (cheaper than torch's per-call cost)
+BULK_ROW_BYTES = 1 << 15
+
+
+def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
+    """``dst[row] = x`` (same shape and dtype), holding the GIL when the row is small
+    and both sides are C-contiguous; byte for byte what NumPy's assignment writes."""
+    if nbytes <= HOLD_GIL_BYTES and x.flags.c_contiguous:
+        try:
+            memoryview(dst).cast("B")[row * nbytes:(row + 1) * nbytes] = \
+                memoryview(x).cast("B")
+            return
+        except (TypeError, ValueError):
+            pass  # a format memoryview cannot cast (complex): NumPy's copy below
+    dst[row] = x
+
+
+class FlatWriter:
+    """Writes a sample that is one array, or a flat tuple/list of arrays and Python
+    scalars, into its row with one copy per leaf (:meth:`write`), or the rows of a
+    whole task column by column (:meth:`write_rows`).
+
+    Both return False (having written nothing that matters) whenever a sample is
+    not exactly of that kind; the caller then uses ``Layout.write_row``, which
+    handles every other case and raises ``LayoutMismatch`` where it must.  The
+    bytes written are the ones ``write_row`` writes.
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        skel = layout.skeleton
+        self.single = isinstance(skel, _Leaf)
+        self.container = None if self.single else type(skel)
+        leaves = [skel] if self.single else list(skel)
+        self.k = len(leaves)
+        self.specs = []
+        for leaf in leaves:
+            s = layout.specs[leaf.j]
+            nbytes = 0
+            if s.kind in ("tensor", "ndarray") and s.dtype is not None:
+                nbytes = math.prod(s.shape) * torch.empty((), dtype=s.dtype).element_size()
+            self.specs.append((leaf.j, s.kind, s.shape, s.dtype, nbytes))
+
+    @classmethod
+    def for_layout(cls, layout: Layout) -> FlatWriter | None:
+        skel = layout.skeleton
+        flat = isinstance(skel, _Leaf) or (
+            type(skel) in (tuple, list) and all(isinstance(x, _Leaf) for x in skel))
+        return cls(layout) if flat else None
+
+    def write(self, bufs: list[Any], views: list[Any], row: int, sample: Any) -> bool:
+        if self.single:
+            leaves: Any = (sample,)
+        elif type(sample) is not self.container or len(sample) != self.k:
+            return False
+        else:
+            leaves = sample
+        for (j, kind, shape, dtype, nbytes), x in zip(self.specs, leaves):
+            v = views[j]
+            if kind == "list":
+                if type(x) is not str and type(x) is not bytes:
+                    return False
+                bufs[j][row] = x
+            elif v is None:
+                return False
+            elif kind == "scalar":
+                if _PY_SCALARS.get(type(x)) != dtype:
+                    return False
+                v[row] = x
+            elif type(x) is np.ndarray:
+                if x.shape != shape or x.dtype != v.dtype:
+                    return False
+                _copy_row(v, row, x, nbytes)
+            elif type(x) is torch.Tensor:
+                if not _plain_tensor(x, shape, dtype):
+                    return False
+                buf = bufs[j]
+                if x.data_ptr() == buf.data_ptr() + row * buf.stride()[0] * buf.element_size() \
+                        and x.stride() == buf.stride()[1:]:
+                    continue  # decode_into already wrote it
+                _copy_row(v, row, x.numpy(), nbytes)
+            else:
+                return False
+        return True
+
+    def write_rows(self, bufs: list[Any], views: list[Any], lo: int, hi: int,
+                   samples: list[Any], bulk: bool = False) -> bool:
+        """Write ``samples[lo:hi]`` into rows ``lo..hi``, one leaf at a time: each
+        leaf's values are checked for the whole run first, scalars go in with one
+        NumPy assignment.  With ``bulk``, array leaves of at least
+        ``BULK_ROW_BYTES`` a row go in with one ``torch.stack`` (one release of the
+        GIL for the whole copy), else row by row (:func:`_copy_row`).  For samples
+        ``__getitem__`` returned (never a view of the batch's own buffers).  May
+        raise what a NumPy assignment raises (an int too large for int64): the
+        caller then writes row by row."""
+        rows = samples[lo:hi]
+        if self.single:
+            columns: Any = (rows,)
+        else:
+            container, k = self.container, self.k
+            for s in rows:
+                if type(s) is not container or len(s) != k:
+                    return False
+            columns = zip(*rows)
+        for (j, kind, shape, dtype, nbytes), col in zip(self.specs, columns):
+            v = views[j]
+            if kind == "list":
+                for x in col:
+                    if type(x) is not str and type(x) is not bytes:
+                        return False
+                bufs[j][lo:hi] = col
+            elif v is None:
+                return False
+            elif kind == "scalar":
+                get = _PY_SCALARS.get
+                for x in col:
+                    if get(type(x)) != dtype:
+                        return False
+                v[lo:hi] = col
+            else:
+                vdtype = v.dtype
+                stacked = bulk and nbytes >= BULK_ROW_BYTES
+                arrays: list[Any] = []
+                for x in col:
+                    if type(x) is np.ndarray:
+                        if x.shape != shape or x.dtype != vdtype:
+                            return False
+                        if stacked:
+                            if not x.flags.writeable:
+                                stacked = False  # torch would warn: NumPy copies it
+                                arrays = [a.numpy() if type(a) is torch.Tensor else a
+                                          for a in arrays]
+                            else:
+                                x = torch.from_numpy(x)
+                    elif type(x) is torch.Tensor and _plain_tensor(x, shape, dtype):
+                        if not stacked:
+                            x = x.numpy()
+                    else:
+                        return False
+                    arrays.append(x)
+                if stacked:
+                    torch.stack(arrays, out=bufs[j][lo:hi])
+                    continue
+                if nbytes < BULK_ROW_BYTES and _joined(v, lo, hi, nbytes, arrays):
+                    continue
+                row = lo
+                for x in arrays:
+                    _copy_row(v, row, x, nbytes)
+                    row += 1
+        return True
+
+
+def _joined(dst: Any, lo: int, hi: int, nbytes: int, arrays: list[Any]) -> bool:
+    """``dst[lo:hi] = arrays`` (rows of ``nbytes`` bytes, dtype and shape checked) as
+    one ``bytes.join`` and one copy into ``dst``: a third of the time of a copy
+    per row for small rows (0.16 against 0.5 us for a 3 KB row), the GIL held
+    throughout (``bytes.join`` lets go of it once, above 1 MB).  False, nothing
+    written, where a row is not C-contiguous (NumPy refuses the plain buffer
+    ``bytes.join`` asks for, before anything is written) or ``dst`` has no byte
+    view."""
+    try:
+        out = memoryview(dst).cast("B")
+        out[lo * nbytes:hi * nbytes] = b"".join(arrays)
+    except (TypeError, ValueError, BufferError, NotImplementedError):
+        return False
+    return True
+
+
+def _plain_tensor(x: torch.Tensor, shape: tuple[int, ...], dtype: Any) -> bool:
+    """Whether NumPy can copy ``x`` as a row of ``shape`` and ``dtype``."""
+    return (x.shape == shape and x.dtype == dtype and x.device.type == "cpu"
+            and not x.requires_grad and not x.is_conj() and not x.is_neg())
+
+
+def write_one(layout: Layout, writer: FlatWriter | None, bufs: list[Any], views: Any,
+              row: int, sample: Any) -> None:
+    """Write ``sample`` into ``row``: through ``writer`` when it takes the sample, else
+    ``layout.write_row``.  Raises ``LayoutMismatch`` when the sample does not fit, and
+    what a copy raises (an int too large for its dtype)."""
+    if writer is None or not writer.write(bufs, views, row, sample):
+        layout.write_row(bufs, row, sample, views)
