@@ -81,7 +81,8 @@ class Batch:
     deferred: bool = False     # rows loaded but not written: its completion writes them
 
     def __post_init__(self) -> None:
-        self.mode = BatchMode(self.mode)
+        if type(self.mode) is not BatchMode:  # (a plain string; the enum's call costs
+            self.mode = BatchMode(self.mode)  # a microsecond, once per batch)
         self.n = len(self.indices)
         self.samples = [None] * self.n
         self.remaining = self.n
