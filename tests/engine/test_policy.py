@@ -248,6 +248,24 @@ def test_a_thread_count_between_one_and_the_cores_is_still_found(cores):
     assert decide(rec, space(cores, pool=cores + 2)).choice == threads(4)
 
 
+def test_the_open_duel_names_its_rival_and_the_most_threads_it_runs():
+    """Tasks are cut for the duel's sides, not the pool: a duel of inline and
+    processes runs at most one thread's tasks."""
+    sp = space(16)
+    d = decide(Record(), sp)
+    assert (d.choice, d.rival, d.most_threads()) == (threads(16), threads(1), 16)
+    rec, _ = run(sp, gil_bound(16))
+    settled = decide(rec, sp)
+    assert settled.rival is None and settled.most_threads() == 1  # processes
+    # the duels on the way, replayed window by window
+    seen = set()
+    for k in range(len(rec.windows)):
+        dk = decide(Record(rec.windows[:k]), sp)
+        seen.add((dk.choice, dk.rival, dk.most_threads()))
+    assert (threads(1), threads(2), 2) in seen
+    assert (processes(16), INLINE, 1) in seen
+
+
 # -------------------------------------------------------- processes' start
 def test_processes_that_cannot_start_count_out_after_the_attempts():
     sp = space(2)

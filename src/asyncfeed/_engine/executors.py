@@ -69,10 +69,12 @@ class ThreadRows:
         """Rows per task for a batch of ``n``."""
         running = self.gate.limit
         if self.chooser is not None and self.chooser.exploring:
-            # while candidates are measured, tasks are cut for the most threads
-            # that may run: a batch queued as one task under one thread would
-            # keep a second thread idle in the window that measures two
-            running = self.num_threads
+            # while candidates are measured, tasks are cut for the most threads the
+            # duel runs: a batch queued as one task under one thread would keep a
+            # second thread idle in the window that measures two; cut for all the
+            # pool's threads, tiny rows would measure inline and one thread with
+            # the cost of tasks many times smaller than they run settled
+            running = min(self.num_threads, self.chooser.decision.most_threads())
         if running <= 1:
             # one thread (or the consumer, inline): splitting the batch only adds
             # tasks (a queue hand-off, a report, the bookkeeping and a deferred write)

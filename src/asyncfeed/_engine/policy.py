@@ -254,7 +254,9 @@ class Decision:
     why ``choice`` stands.  ``duels``: the duels judged so far, in order.
     ``margin``: the margin of the last duel; ``choice_rate``: the choice's mean
     rate there.  ``processes_skipped``: why processes were not measured
-    (``NO_ROOM``: the bound; ``UNAVAILABLE``: they could not start), or None."""
+    (``NO_ROOM``: the bound; ``UNAVAILABLE``: they could not start), or None.
+    ``rival``: the candidate the open duel measures against the choice (one thread
+    while its rate alone is measured), None when settled."""
 
     run: Candidate
     choice: Candidate
@@ -264,6 +266,13 @@ class Decision:
     margin: float = 0.0
     choice_rate: float | None = None
     processes_skipped: Reason | None = None
+    rival: Candidate | None = None
+
+    def most_threads(self) -> int:
+        """The most threads the candidates of the open duel run (inline and processes
+        count one: the consumer, or the dispatch), or the choice's when settled."""
+        sides = (self.choice,) if self.rival is None else (self.choice, self.rival)
+        return max(c.count if c.mode is Mode.THREADS else 1 for c in sides)
 
 
 @dataclass
@@ -543,7 +552,8 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
     return Decision(run=r.next_run(), choice=r.choice, settled=r.settled,
                     reason=r.reason if r.settled else Reason.EXPLORING,
                     duels=tuple(r.duels), margin=r.margin, choice_rate=r.choice_rate,
-                    processes_skipped=r.skipped)
+                    processes_skipped=r.skipped,
+                    rival=threads(1) if r.soloing else r.rival)
 
 
 def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:
