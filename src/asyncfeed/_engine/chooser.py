@@ -15,6 +15,7 @@ nothing to re-check costs less.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import statistics
 import time
@@ -160,7 +161,8 @@ class Chooser:
         self.current = fallback
         self.record.failed_starts = max(self.record.failed_starts, self.config.start_attempts)
         if self.fixed or self.space is None:
-            self.decision = fixed(fallback)
+            self.decision = dataclasses.replace(fixed(fallback),
+                                                processes_skipped=Reason.UNAVAILABLE)
         else:
             self.decision = decide(self.record, self.space, self.config)
             if self.decision.run != fallback:

@@ -75,7 +75,7 @@ class ExecutionReport:
         elif self.processes_skipped is Reason.CONSUMER:
             parts.append("nothing dearer tried: the consumer takes batches no faster")
         elif self.processes_skipped is Reason.UNAVAILABLE:
-            parts.append("processes could not start")
+            parts.append("processes unavailable: they could not start, or stopped")
         if self.detail:
             parts.append(self.detail)
         return f"{head} ({'; '.join(parts)})"
