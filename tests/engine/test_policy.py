@@ -30,9 +30,12 @@ def space(cores: int, pool: int | None = None, workers: int | None = None,
 
 
 def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
-        record: Record | None = None) -> tuple[Record, list[Candidate]]:
+        record: Record | None = None, core_rate: float = 0.0
+        ) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
-    for, at ``rate(candidate)`` rows/s times a noise factor, until settled."""
+    for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
+    ``core_rate``, thread windows read the CPU their rows took at that many rows
+    per CPU second."""
     rnd = random.Random(seed)
     rec = record if record is not None else Record()
     ran = []
@@ -46,7 +49,9 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         # the consumer waits for what the loader does not deliver at its own pace
         pace = getattr(rate, "consumer", None)
         waited = 0.1 * (1 - r / pace) if pace and r < pace else (0.0 if pace else 0.05)
-        rec.windows.append(Window(c, max(1, round(r * 0.1)), 0.1, waited))
+        rows = max(1, round(r * 0.1))
+        cpu = rows / core_rate if core_rate and c.mode is Mode.THREADS else 0.0
+        rec.windows.append(Window(c, rows, 0.1, waited, cpu))
     raise AssertionError(f"not settled after {limit} windows: {ran[-12:]}")
 
 
@@ -266,6 +271,45 @@ def test_the_open_duel_names_its_rival_and_the_most_threads_it_runs():
     assert (processes(16), INLINE, 1) in seen
 
 
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_inline_is_not_dueled_where_processes_beat_one_core(cores):
+    """Pure Python rows at 1,000 rows per CPU second: processes at the cores'
+    rate leave inline, one thread's worth at best, no room."""
+    rec, ran = run(space(cores), gil_bound(cores), 0.02, core_rate=1050.0)
+    d = decide(rec, space(cores))
+    assert d.choice == processes(cores) and INLINE not in ran, ran
+    assert d.inline_skipped is Reason.NO_ROOM
+
+
+def test_inline_is_dueled_where_the_cpu_is_not_known_or_processes_are_close():
+    # no CPU readings: nothing bounds inline
+    rec, ran = run(space(2), gil_bound(2), 0.02)
+    assert INLINE in ran and decide(rec, space(2)).inline_skipped is None
+    # processes ahead of one thread, but not beyond a core's rate of the rows
+    def close(x: Candidate) -> float:
+        return {Mode.INLINE: 1000.0, Mode.THREADS: 900.0}.get(x.mode, 1300.0)
+    rec, ran = run(space(2), close, 0.0, core_rate=1250.0)
+    d = decide(rec, space(2))
+    assert INLINE in ran and d.inline_skipped is None, d
+
+
+def test_the_chooser_reads_the_cpu_of_the_rows_into_its_windows():
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(gil_bound(2), clock)
+    ctl.core_rate = 1050.0
+    ch.begin_pass(ctl)
+    for _ in range(400):
+        ctl.advance(0.02)
+        ch.tick()
+    threads_w = [w for w in ch.record.windows if w.candidate.mode is Mode.THREADS]
+    assert threads_w and all(w.cpu == pytest.approx(w.rows / 1050.0, rel=0.05)
+                             for w in threads_w)
+    assert all(w.cpu == 0.0 for w in ch.record.windows if w.candidate.mode is Mode.PROCESSES)
+    assert ch.current == processes(2) and ch.report().inline_skipped is Reason.NO_ROOM
+    assert "inline not tried" in str(ch.report())
+
+
 # -------------------------------------------------------- processes' start
 def test_processes_that_cannot_start_count_out_after_the_attempts():
     sp = space(2)
@@ -338,6 +382,8 @@ class _Control:
         self.applied: list[Candidate] = []
         self.primed = True
         self.drain_until = 0.0
+        self.cpu = 0.0
+        self.core_rate = 0.0  # rows per CPU second in threads (0: not counted)
 
     def waited(self) -> float:
         return self.clock[0]  # the consumer only waits: the loader is the bottleneck
@@ -347,6 +393,9 @@ class _Control:
 
     def draining(self) -> bool:
         return self.drain_until > self.clock[0]
+
+    def rows_cpu(self) -> float:
+        return self.cpu
 
     def apply(self, c: Candidate) -> bool:
         self.runs = c
@@ -360,7 +409,10 @@ class _Control:
         for _ in range(chunks):
             self.clock[0] += seconds / chunks
             assert self.runs is not None
-            self.rows += round(self.rate(self.runs) * seconds / chunks)
+            n = round(self.rate(self.runs) * seconds / chunks)
+            self.rows += n
+            if self.core_rate and self.runs.mode is not Mode.PROCESSES:
+                self.cpu += n / self.core_rate
             self.events += 1
             self.last = self.clock[0]
 

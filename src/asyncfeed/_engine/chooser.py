@@ -57,6 +57,11 @@ class ExecutionControl(Protocol):
         """The consumer's wait for batches so far this pass (seconds)."""
         ...
 
+    def rows_cpu(self) -> float:
+        """CPU seconds the pass's rows took in this process's threads so far (rows run
+        by worker processes add nothing): what one core's rate of the rows is."""
+        ...
+
     def draining(self) -> bool:
         """Whether rows started under an earlier candidate still run (a process
         stage left with tasks in hand): their replies compete with the candidate
@@ -96,9 +101,9 @@ class Chooser:
         # the open window: its segment in the current pass (time, rows, completions at
         # its start) and what earlier passes added to it (seconds, rows, completions):
         # a window spans passes, so that epochs shorter than a window are measured too
-        self._w0: tuple[float, int, int, float] | None = None
+        self._w0: tuple[float, int, int, float, float] | None = None
         self._opens_after = -1  # a window opens at a completion past this count
-        self._carried = (0.0, 0, 0, 0.0)
+        self._carried = (0.0, 0, 0, 0.0, 0.0)
         self._warmup = config.warmup_windows  # the loader's first windows: threads wake
         self._recent: collections.deque[float] = collections.deque(
             maxlen=2 * config.like_windows)
@@ -127,9 +132,10 @@ class Chooser:
             w0, self._w0 = self._w0, None
             if w0 is not None:
                 rows, events, last = control.completed()
-                s, r, e, w = self._carried
+                s, r, e, w, c = self._carried
                 self._carried = (s + last - w0[0], r + rows - w0[1], e + events - w0[2],
-                                 w + control.waited() - w0[3])
+                                 w + control.waited() - w0[3],
+                                 c + control.rows_cpu() - w0[4])
 
     def request(self, candidate: Candidate) -> None:
         """Run ``candidate`` from now on, nothing measured any more (any thread; the
@@ -200,7 +206,7 @@ class Chooser:
         rows, events, last = control.completed()
         w0 = self._w0
         if w0 is None:  # the pass's first completion once primed opens its first window
-            self._w0 = (last, rows, events, control.waited()) \
+            self._w0 = (last, rows, events, control.waited(), control.rows_cpu()) \
                 if events > max(0, self._opens_after) and control.primed \
                 and not control.draining() else None
             return self._window_s / 4
@@ -208,17 +214,18 @@ class Chooser:
             return self._window_s / 4
         # from one completion to another: rows arrive in chunks (a task, a worker's
         # reply), and a window cut between chunks would count a share of one
-        t0, r0, e0, q0 = w0
-        cs, cr, ce, cq = self._carried
+        t0, r0, e0, q0, c0 = w0
+        cs, cr, ce, cq, cc = self._carried
         elapsed = cs + last - t0
         if elapsed < self._window_s or ce + events - e0 < self.config.window_events:
             return max(self._window_s - elapsed - (now - last),
                        self._window_s / 4)
         waited = control.waited()
-        self._w0 = (last, rows, events, waited)
-        self._carried = (0.0, 0, 0, 0.0)
+        cpu = control.rows_cpu()
+        self._w0 = (last, rows, events, waited, cpu)
+        self._carried = (0.0, 0, 0, 0.0, 0.0)
         window = Window(self.current, cr + rows - r0, elapsed,
-                        min(elapsed, max(0.0, cq + waited - q0)))
+                        min(elapsed, max(0.0, cq + waited - q0)), max(0.0, cc + cpu - c0))
         if self._warmup > 0:
             self._warmup -= 1
         elif not self.decision.settled:
@@ -252,7 +259,7 @@ class Chooser:
         self._warmup = self.config.warmup_windows \
             if Mode.PROCESSES in (c.mode, self.current.mode) or c.mode is Mode.INLINE else 0
         self.current = c
-        self._carried = (0.0, 0, 0, 0.0)
+        self._carried = (0.0, 0, 0, 0.0, 0.0)
         # the next window opens at the first completion under ``c``: switched to inline
         # with the credit full, the consumer first takes the ready batches and loads
         # nothing, and that time is not inline's
@@ -307,4 +314,5 @@ class Chooser:
         return ExecutionReport(mode=c.mode, count=c.count,
                                reason=d.reason if d.settled else Reason.EXPLORING,
                                candidates=measured(self.record), margin=d.margin,
-                               processes_skipped=d.processes_skipped, detail=self.detail)
+                               processes_skipped=d.processes_skipped, detail=self.detail,
+                               inline_skipped=d.inline_skipped)

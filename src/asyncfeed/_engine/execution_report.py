@@ -33,7 +33,9 @@ class ExecutionReport:
     (rows/s).  ``margin``: the noise margin of the last duel.  ``processes_skipped``:
     why processes were not measured, if they were not.  ``detail``: what went
     wrong, where something did (the process stage could not start or stopped).
-    ``str()`` is a sentence."""
+    ``inline_skipped``: why inline was not measured (``NO_ROOM``: processes won by
+    more than one core's rate of the rows), if it was not.  ``str()`` is a
+    sentence."""
 
     mode: Mode
     count: int
@@ -42,6 +44,7 @@ class ExecutionReport:
     margin: float = 0.0
     processes_skipped: Reason | None = None
     detail: str = ""
+    inline_skipped: Reason | None = None
 
     @property
     def candidate(self) -> Candidate:
@@ -76,6 +79,9 @@ class ExecutionReport:
             parts.append("nothing dearer tried: the consumer takes batches no faster")
         elif self.processes_skipped is Reason.UNAVAILABLE:
             parts.append("processes unavailable: they could not start, or stopped")
+        if self.inline_skipped is Reason.NO_ROOM:
+            parts.append("inline not tried: the processes' rate is beyond one core's "
+                         "rate of the rows")
         if self.detail:
             parts.append(self.detail)
         return f"{head} ({'; '.join(parts)})"

@@ -102,6 +102,7 @@ class Pipeline(BatchHandoff):
         self.rows_completed = 0     # rows loaded or failed so far (under cond) ...
         self.completions = 0        # ... reported by this many tasks or worker replies,
         self.last_completion = 0.0  # ... the last at this perf_counter() time
+        self.rows_cpu_s = 0.0       # CPU the rows took in this process's threads (cond)
         self.acct.resources = self._thread_resources = self._resources()
         self.acct.gate = executors.gate  # the running threads are the capacity
         if probe_not_before is not None:  # the loader's budget holds across passes
@@ -259,6 +260,11 @@ class Pipeline(BatchHandoff):
         since = self.waiting_since
         return self.acct.consumer_wait() + (time.perf_counter() - since if since else 0.0)
 
+    def rows_cpu(self) -> float:
+        """CPU seconds the pass's rows took in this process's threads, the consumer's
+        included, so far (see ``chooser.ExecutionControl``)."""
+        return self.rows_cpu_s
+
     def draining(self) -> bool:
         """Whether a process stage this pass left still runs rows of it (see
         ``chooser.ExecutionControl``)."""
@@ -369,14 +375,16 @@ class Pipeline(BatchHandoff):
             self._chooser.end_pass(self)
 
     # --------------------------------------------- completion: assemble, transfer
-    def rows_done(self, b: Batch, lo: int, hi: int) -> None:
+    def rows_done(self, b: Batch, lo: int, hi: int, cpu: float = 0.0) -> None:
         """Rows ``lo..hi`` of ``b`` are done, loaded or failed (one lock for all; any
-        thread); the last completes ``b`` in this thread."""
+        thread), having taken ``cpu`` seconds of this thread's CPU; the last completes
+        ``b`` in this thread."""
         with self.cond:
             b.done[lo:hi] = b"\x01" * (hi - lo)
             b.remaining -= hi - lo
             last = b.remaining == 0
             self.count_done(hi - lo)
+            self.rows_cpu_s += cpu
         if last:
             self.complete(b)
 

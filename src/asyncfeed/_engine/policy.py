@@ -50,7 +50,9 @@ The search, replayed from the record by :func:`decide` (a pure function):
    best rate is already within the margin of that bound the duel is skipped.
    One thread's rate is measured for this where no duel did.
 5. *inline*: where one thread or processes won, duel inline (the consumer
-   loads the rows itself) against it.  Processes come before inline so that
+   loads the rows itself) against it -- unless processes won at a rate beyond
+   one core's rate of the rows (rows per CPU second of the thread windows, plus
+   the margin): inline runs them on one thread, so it cannot win.  Processes come before inline so that
    rows whose threads do not scale reach processes after one duel.
 
 Then the choice is *settled*: later windows, and later passes of the same
@@ -174,12 +176,15 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class Window:
     """One window's reading: ``rows`` completed in ``seconds`` under ``candidate``,
-    while the consumer waited ``waited`` of those seconds for batches."""
+    while the consumer waited ``waited`` of those seconds for batches, and the rows
+    took ``cpu`` seconds of this process's threads (0: not known, or rows that ran
+    in worker processes)."""
 
     candidate: Candidate
     rows: int
     seconds: float
     waited: float = 0.0
+    cpu: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -256,7 +261,9 @@ class Decision:
     rate there.  ``processes_skipped``: why processes were not measured
     (``NO_ROOM``: the bound; ``UNAVAILABLE``: they could not start), or None.
     ``rival``: the candidate the open duel measures against the choice (one thread
-    while its rate alone is measured), None when settled."""
+    while its rate alone is measured), None when settled.  ``inline_skipped``:
+    ``NO_ROOM`` where processes won by more than one core's rate of the rows, which
+    is all inline can run; else None."""
 
     run: Candidate
     choice: Candidate
@@ -267,6 +274,7 @@ class Decision:
     choice_rate: float | None = None
     processes_skipped: Reason | None = None
     rival: Candidate | None = None
+    inline_skipped: Reason | None = None
 
     def most_threads(self) -> int:
         """The most threads the candidates of the open duel run (inline and processes
@@ -287,13 +295,14 @@ class Record:
     def to_dict(self) -> dict[str, object]:
         """Plain data (JSON): for traces replayed in tests and bench reports."""
         return {"windows": [[w.candidate.mode.value, w.candidate.count, w.rows, w.seconds,
-                             w.waited] for w in self.windows],
+                             w.waited, w.cpu] for w in self.windows],
                 "recheck_at": list(self.recheck_at), "failed_starts": self.failed_starts}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
         return cls([Window(Candidate(Mode(w[0]), int(w[1])), int(w[2]), float(w[3]),
-                           float(w[4]) if len(w) > 4 else 0.0) for w in d["windows"]],
+                           float(w[4]) if len(w) > 4 else 0.0,
+                           float(w[5]) if len(w) > 5 else 0.0) for w in d["windows"]],
                    [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)))
 
 
@@ -343,6 +352,7 @@ class _Replay:
         self.process = None if unavailable else space.process
         self.skipped: Reason | None = Reason.UNAVAILABLE \
             if unavailable and space.process is not None else None
+        self.inline_skipped: Reason | None = None
         self.solo: list[Window] = []   # one thread's windows (the processes bound)
         self.seen: list[Window] = []   # every window so far
         self.fresh: list[Window] = []  # the windows of this search (since a re-check)
@@ -369,6 +379,18 @@ class _Replay:
         ceiling = statistics.fmean(w.ceiling for w in mine) \
             if all(w.ceiling != float("inf") for w in mine) else float("inf")
         return ceiling <= self.choice_rate * (1 + max(self.margin, self.config.min_margin))
+
+    def _beyond_one_core(self) -> bool:
+        """Whether the choice's rate is beyond what one core can run the rows at: the
+        most rows per CPU second any thread window of this search read, plus the
+        margin.  Inline runs the rows on the consumer's thread alone (with its own
+        work besides), so it cannot reach that rate.  False where no thread window
+        knows its CPU."""
+        per_core = [w.rows / w.cpu for w in self.fresh
+                    if w.candidate.mode is Mode.THREADS and w.cpu > 0]
+        if not per_core or self.choice_rate is None:
+            return False
+        return self.choice_rate > max(per_core) * (1 + max(self.margin, self.config.min_margin))
 
     def _one_thread_rate(self) -> float | None:
         rates = [w.rate for w in self.solo]
@@ -398,6 +420,9 @@ class _Replay:
             if not self.space.inline or INLINE in self.tried or self.choice == INLINE \
                     or (self.choice.mode is Mode.THREADS and self.choice.count > 1) \
                     or (self.single_step and self.moved):
+                return None
+            if self.choice.mode is Mode.PROCESSES and self._beyond_one_core():
+                self.inline_skipped = Reason.NO_ROOM
                 return None
             return INLINE
         p = self.process
@@ -533,6 +558,7 @@ class _Replay:
         self.single_step = True
         self.moved = False
         self.skipped = Reason.UNAVAILABLE if self.skipped is Reason.UNAVAILABLE else None
+        self.inline_skipped = None
         self.fresh = []
         self.phases = ["down", "up", "processes", "inline"]
         self._advance()
@@ -553,7 +579,8 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     reason=r.reason if r.settled else Reason.EXPLORING,
                     duels=tuple(r.duels), margin=r.margin, choice_rate=r.choice_rate,
                     processes_skipped=r.skipped,
-                    rival=threads(1) if r.soloing else r.rival)
+                    rival=threads(1) if r.soloing else r.rival,
+                    inline_skipped=r.inline_skipped)
 
 
 def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:

@@ -45,7 +45,7 @@ def run_rows(p: RowHost, b: Batch, lo: int, hi: int) -> None:
         done, wall, cpu = hi - lo, 0.0, 0.0
     p.row_cost.record(done, wall, cpu)
     if done == hi - lo:
-        p.rows_done(b, lo, hi)
+        p.rows_done(b, lo, hi, cpu)
 
 
 def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:

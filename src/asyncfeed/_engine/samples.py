@@ -225,7 +225,7 @@ class RowHost(Protocol):
     runtime: Runtime
     stage: Any          # the process stage rows go to now (None: this process)
 
-    def rows_done(self, b: Batch, lo: int, hi: int) -> None:
+    def rows_done(self, b: Batch, lo: int, hi: int, cpu: float = 0.0) -> None:
         """Rows ``lo..hi`` of ``b`` are done (loaded or failed); the last completes ``b``."""
         ...
 
