@@ -5,7 +5,7 @@ written as users write them, a fresh process, a default ``AsyncLoader`` on this
 project's 2-core machine, alone or beside a busy-looping process started for
 the run (``neighbour``; ``load1`` says how busy the machine was, other work
 included), until its choice settled.  The file holds the chooser's record (every window:
-candidate, rows, seconds, the consumer's wait), its space, the choice the live
+candidate, rows, seconds, the consumer's wait, the rows' CPU), its space, the choice the live
 run made, and ``expect``: what the readings show, checked by hand when the
 trace was recorded.
 
@@ -87,3 +87,21 @@ def test_a_duel_is_symmetric_in_its_arguments():
     assert judge(a, b, PolicyConfig()) == judge(b, a, PolicyConfig())
     assert statistics.fmean(w.rate for w in a) > 0
     assert Mode.THREADS in {w.candidate.mode for w in rec.windows}
+
+
+def test_inline_is_skipped_only_where_processes_read_beyond_one_core():
+    """Where a recorded run skipped inline, the processes' rate was above the most
+    rows per CPU second any of its thread windows read; at least one quiet run with
+    pure Python rows skipped it."""
+    skipped = []
+    for path in TRACES:
+        _, rec, sp = _load(path)
+        d = decide(rec, sp)
+        if d.inline_skipped is None:
+            continue
+        skipped.append(path.stem)
+        per_core = max(w.rows / w.cpu for w in rec.windows
+                       if w.candidate.mode is Mode.THREADS and w.cpu > 0)
+        assert d.choice.mode is Mode.PROCESSES and d.choice_rate is not None
+        assert d.choice_rate > per_core * (1 + PolicyConfig().min_margin), path.stem
+    assert "gil-quiet-0" in skipped, skipped
