@@ -52,8 +52,9 @@ The search, replayed from the record by :func:`decide` (a pure function):
 5. *inline*: where one thread or processes won, duel inline (the consumer
    loads the rows itself) against it -- unless processes won at a rate beyond
    one core's rate of the rows (rows per CPU second of the thread windows, plus
-   the margin): inline runs them on one thread, so it cannot win.  Processes come before inline so that
-   rows whose threads do not scale reach processes after one duel.
+   the margin): inline runs them on one thread, so it cannot win.  Processes
+   come before inline so that rows whose threads do not scale reach processes
+   after one duel.
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of recent windows leaves
@@ -378,7 +379,11 @@ class _Replay:
             return False
         ceiling = statistics.fmean(w.ceiling for w in mine) \
             if all(w.ceiling != float("inf") for w in mine) else float("inf")
-        return ceiling <= self.choice_rate * (1 + max(self.margin, self.config.min_margin))
+        return ceiling <= self.choice_rate * (1 + self._margin())
+
+    def _margin(self) -> float:
+        """The margin a bound must be beaten by: the last duel's, at least the floor."""
+        return max(self.margin, self.config.min_margin)
 
     def _beyond_one_core(self) -> bool:
         """Whether the choice's rate is beyond what one core can run the rows at: the
@@ -390,7 +395,7 @@ class _Replay:
                     if w.candidate.mode is Mode.THREADS and w.cpu > 0]
         if not per_core or self.choice_rate is None:
             return False
-        return self.choice_rate > max(per_core) * (1 + max(self.margin, self.config.min_margin))
+        return self.choice_rate > max(per_core) * (1 + self._margin())
 
     def _one_thread_rate(self) -> float | None:
         rates = [w.rate for w in self.solo]
@@ -434,7 +439,7 @@ class _Replay:
                 return None
             best = self.choice_rate or 0.0
             bound = min(self.space.cores, p.count) * (self._one_thread_rate() or 0.0)
-            if best * (1 + max(self.margin, self.config.min_margin)) >= bound:
+            if best * (1 + self._margin()) >= bound:
                 self.skipped = Reason.NO_ROOM
                 return None
         return p
@@ -529,8 +534,9 @@ class _Replay:
         self.choice_rate = duel.dear_rate if won == duel.dear else duel.cheap_rate
         phase = self.phases[0]
         if phase == "bottom":
-            self.phases.pop(0)  # one duel; where one thread stayed, nothing below the start
-            if won == duel.cheap:  # can win: climb from one thread instead
+            self.phases.pop(0)  # one duel
+            if won == duel.cheap:
+                # one thread stayed: no count below the start can win; climb from one
                 self.phases.remove("down")
             self.moved = False
         elif (phase == "down" and won != duel.cheap) or (phase == "up" and won != duel.dear):
