@@ -21,7 +21,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .execution_report import ExecutionReport, measured
 from .policy import (Candidate, Decision, Mode, PolicyConfig, Reason, Record, Space, Window,
@@ -74,6 +74,17 @@ class ExecutionControl(Protocol):
         ...
 
 
+class _Mark(NamedTuple):
+    """A pass's counters at a window's start (``at``: the completion's time), or what
+    earlier passes added to the open window (``at``: their seconds)."""
+
+    at: float = 0.0
+    rows: int = 0
+    events: int = 0
+    waited: float = 0.0
+    cpu: float = 0.0
+
+
 class Chooser:
     """Measures candidates on the loader's passes and applies the decisions.
 
@@ -98,12 +109,12 @@ class Chooser:
         self.detail = ""
         # the bound pass, weakly: a pass dropped by its consumer must not live on here
         self._control_ref: Callable[[], ExecutionControl | None] = lambda: None
-        # the open window: its segment in the current pass (time, rows, completions at
-        # its start) and what earlier passes added to it (seconds, rows, completions):
-        # a window spans passes, so that epochs shorter than a window are measured too
-        self._w0: tuple[float, int, int, float, float] | None = None
+        # the open window: the pass's counters at its start, and what earlier passes
+        # added to it: a window spans passes, so that epochs shorter than a window are
+        # measured too
+        self._w0: _Mark | None = None
         self._opens_after = -1  # a window opens at a completion past this count
-        self._carried = (0.0, 0, 0, 0.0, 0.0)
+        self._carried = _Mark()
         self._warmup = config.warmup_windows  # the loader's first windows: threads wake
         self._recent: collections.deque[float] = collections.deque(
             maxlen=2 * config.like_windows)
@@ -132,10 +143,11 @@ class Chooser:
             w0, self._w0 = self._w0, None
             if w0 is not None:
                 rows, events, last = control.completed()
-                s, r, e, w, c = self._carried
-                self._carried = (s + last - w0[0], r + rows - w0[1], e + events - w0[2],
-                                 w + control.waited() - w0[3],
-                                 c + control.rows_cpu() - w0[4])
+                c = self._carried
+                self._carried = _Mark(c.at + last - w0.at, c.rows + rows - w0.rows,
+                                      c.events + events - w0.events,
+                                      c.waited + control.waited() - w0.waited,
+                                      c.cpu + control.rows_cpu() - w0.cpu)
 
     def request(self, candidate: Candidate) -> None:
         """Run ``candidate`` from now on, nothing measured any more (any thread; the
@@ -206,26 +218,26 @@ class Chooser:
         rows, events, last = control.completed()
         w0 = self._w0
         if w0 is None:  # the pass's first completion once primed opens its first window
-            self._w0 = (last, rows, events, control.waited(), control.rows_cpu()) \
+            self._w0 = _Mark(last, rows, events, control.waited(), control.rows_cpu()) \
                 if events > max(0, self._opens_after) and control.primed \
                 and not control.draining() else None
             return self._window_s / 4
-        if events == w0[2]:
+        if events == w0.events:
             return self._window_s / 4
         # from one completion to another: rows arrive in chunks (a task, a worker's
         # reply), and a window cut between chunks would count a share of one
-        t0, r0, e0, q0, c0 = w0
-        cs, cr, ce, cq, cc = self._carried
-        elapsed = cs + last - t0
-        if elapsed < self._window_s or ce + events - e0 < self.config.window_events:
+        c = self._carried
+        elapsed = c.at + last - w0.at
+        if elapsed < self._window_s or c.events + events - w0.events < self.config.window_events:
             return max(self._window_s - elapsed - (now - last),
                        self._window_s / 4)
         waited = control.waited()
         cpu = control.rows_cpu()
-        self._w0 = (last, rows, events, waited, cpu)
-        self._carried = (0.0, 0, 0, 0.0, 0.0)
-        window = Window(self.current, cr + rows - r0, elapsed,
-                        min(elapsed, max(0.0, cq + waited - q0)), max(0.0, cc + cpu - c0))
+        self._w0 = _Mark(last, rows, events, waited, cpu)
+        self._carried = _Mark()
+        window = Window(self.current, c.rows + rows - w0.rows, elapsed,
+                        min(elapsed, max(0.0, c.waited + waited - w0.waited)),
+                        max(0.0, c.cpu + cpu - w0.cpu))
         if self._warmup > 0:
             self._warmup -= 1
         elif not self.decision.settled:
@@ -259,7 +271,7 @@ class Chooser:
         self._warmup = self.config.warmup_windows \
             if Mode.PROCESSES in (c.mode, self.current.mode) or c.mode is Mode.INLINE else 0
         self.current = c
-        self._carried = (0.0, 0, 0, 0.0, 0.0)
+        self._carried = _Mark()
         # the next window opens at the first completion under ``c``: switched to inline
         # with the credit full, the consumer first takes the ready batches and loads
         # nothing, and that time is not inline's
