@@ -1,0 +1,155 @@
+"""What the execution policy reads and names: the candidates (inline, threads,
+processes) and why one runs, the space a loader may choose in, and the record of
+window readings :func:`.policy.decide` replays.  Plain data, no rule (the rule
+is :mod:`.policy`)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["INLINE", "Candidate", "Mode", "Reason", "Record", "Space", "Window", "processes",
+           "threads"]
+
+
+class Mode(str, enum.Enum):
+    """Where rows run."""
+
+    INLINE = "inline"
+    THREADS = "threads"
+    PROCESSES = "processes"
+
+
+_MODE_ORDER = {Mode.INLINE: 0, Mode.THREADS: 1, Mode.PROCESSES: 2}
+
+
+@dataclass(frozen=True, order=False)
+class Candidate:
+    """One way to run a pass's rows: a mode and its thread or worker count."""
+
+    mode: Mode
+    count: int = 0
+
+    @property
+    def cost(self) -> tuple[int, int]:
+        """Cheaper first: inline, then threads by count, then processes by count."""
+        return (_MODE_ORDER[self.mode], self.count)
+
+    def __str__(self) -> str:
+        if self.mode is Mode.INLINE:
+            return "inline"
+        unit = "thread" if self.mode is Mode.THREADS else "worker process"
+        plural = "" if self.count == 1 else ("s" if self.mode is Mode.THREADS else "es")
+        return f"{self.count} {unit}{plural}"
+
+
+INLINE = Candidate(Mode.INLINE, 0)
+
+
+def threads(n: int) -> Candidate:
+    return Candidate(Mode.THREADS, n)
+
+
+def processes(n: int) -> Candidate:
+    return Candidate(Mode.PROCESSES, n)
+
+
+class Reason(str, enum.Enum):
+    """Why the current candidate runs."""
+
+    FIXED = "fixed"                  # the user chose it (execution=, num_threads=)
+    ONLY = "only"                    # nothing else can run this pass
+    EXPLORING = "exploring"          # a duel is being measured
+    FASTER = "faster"                # it beat the cheaper one by more than the margin
+    CHEAPER = "cheaper"              # the dearer one did not beat it by the margin
+    NO_ROOM = "no_room"              # processes cannot beat it (the measured bound)
+    CONSUMER = "consumer"            # it keeps up with the consumer: nothing dearer can win
+    UNAVAILABLE = "unavailable"      # the process candidate could not start
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window's reading: ``rows`` completed in ``seconds`` under ``candidate``,
+    while the consumer waited ``waited`` of those seconds for batches, and the rows
+    took ``cpu`` seconds of this process's threads (0: not known, or rows that ran
+    in worker processes)."""
+
+    candidate: Candidate
+    rows: int
+    seconds: float
+    waited: float = 0.0
+    cpu: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ceiling(self) -> float:
+        """The most any candidate could have delivered: the consumer's own pace, had
+        it never waited (infinite where it always waited)."""
+        busy = self.seconds - self.waited
+        return self.rows / busy if busy > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class Space:
+    """What may run: the thread ladder (cheapest first), whether inline may run, the
+    process candidate (None: not available), the cores, and where to start."""
+
+    ladder: tuple[Candidate, ...]
+    start: Candidate
+    cores: int
+    process: Candidate | None = None
+    inline: bool = True
+
+    @staticmethod
+    def thread_ladder(cores: int, pool: int) -> tuple[Candidate, ...]:
+        """1, 2, 4, ... threads up to the cores, then the cores, then the pool's size."""
+        counts = []
+        n = 1
+        while n < min(cores, pool):
+            counts.append(n)
+            n *= 2
+        counts += [min(cores, pool), pool]
+        return tuple(threads(c) for c in sorted(set(counts)))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ladder": [c.count for c in self.ladder], "start": self.start.count,
+                "cores": self.cores, "inline": self.inline,
+                "process": self.process.count if self.process is not None else None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Space:
+        return cls(ladder=tuple(threads(int(n)) for n in d["ladder"]),
+                   start=threads(int(d["start"])), cores=int(d["cores"]),
+                   process=processes(int(d["process"])) if d.get("process") else None,
+                   inline=bool(d.get("inline", True)))
+
+    def rungs(self) -> tuple[Candidate, ...]:
+        """Every candidate of the ladder, cheapest first (inline first, if allowed)."""
+        return ((INLINE,) if self.inline else ()) + self.ladder
+
+
+@dataclass
+class Record:
+    """The readings a loader has taken: its windows in order, and the re-checks and
+    failed process starts it asked for.  ``decide`` replays it from the start."""
+
+    windows: list[Window] = field(default_factory=list)
+    recheck_at: list[int] = field(default_factory=list)  # window counts that re-checked
+    failed_starts: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data (JSON): for traces replayed in tests and bench reports."""
+        return {"windows": [[w.candidate.mode.value, w.candidate.count, w.rows, w.seconds,
+                             w.waited, w.cpu] for w in self.windows],
+                "recheck_at": list(self.recheck_at), "failed_starts": self.failed_starts}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Record:
+        return cls([Window(Candidate(Mode(w[0]), int(w[1])), int(w[2]), float(w[3]),
+                           float(w[4]) if len(w) > 4 else 0.0,
+                           float(w[5]) if len(w) > 5 else 0.0) for w in d["windows"]],
+                   [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)))
