@@ -347,6 +347,28 @@ def test_guard_limits_follow_observed_latency():
     assert issubclass(StallTimeout, TimeoutError)
 
 
+def test_a_request_queued_for_a_connection_is_not_silence():
+    """Time spent waiting for the client's own connection limit is neither the
+    server's silence nor its time to first byte: the watchdog counts both from when
+    the request went out."""
+    from asyncfeed._io.progress import Progress
+    guard = TailGuard(TailPolicy(), ReadStats())
+    for _ in range(100):
+        guard._ttfb.observe(0.01)
+        guard._latency.observe(0.02)
+    lim = guard.limits(30.0)
+    queued = Progress(start=100.0)
+    queued.reported = True                            # taken, not sent: waiting for a slot
+    assert guard._stalled(queued, lim, now=100.0 + 10 * lim.idle) is None
+    assert guard._deadline(queued, lim, now=105.0) < 106.0  # looked at again soon
+    queued.sent = queued.last = 104.0                 # sent: the server's clock starts
+    assert guard._stalled(queued, lim, now=104.0 + lim.idle / 2) is None
+    assert guard._stalled(queued, lim, now=104.0 + lim.idle) is not None
+    queued.first = queued.last = 104.25
+    guard._observe(queued, now=104.5)
+    assert guard._ttfb._ring[100 % len(guard._ttfb._ring)] == 0.25  # from sent, not start
+
+
 def test_readahead_reads_past_a_slow_batch(image_tree, http_server):
     """While batch 0 waits for one slow read, the reads of every later batch are done
     (they were started ahead of the decode window), and the batches are the local

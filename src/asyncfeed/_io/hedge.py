@@ -202,6 +202,8 @@ class TailGuard:
     def _stalled(self, progress: Progress, lim: Limits, now: float) -> str | None:
         """Why the attempt of ``progress`` counts as stalled at ``now``, or None."""
         if progress.reported:
+            if not progress.sent:
+                return None  # queued behind the client's own connection limit
             if lim.idle is not None and now - progress.last >= lim.idle:
                 what = (f"after {progress.nbytes} bytes" if progress.first
                         else "before the first byte")
@@ -219,13 +221,15 @@ class TailGuard:
         stalled if nothing arrives meanwhile (``inf``: never), or soon while its limit
         is not known yet."""
         if progress.reported:
-            return progress.last + lim.idle if lim.idle is not None else now + _RECHECK
+            if progress.sent and lim.idle is not None:
+                return progress.last + lim.idle
+            return now + _RECHECK
         return progress.start + lim.whole if lim.whole is not None else now + _RECHECK
 
     def _observe(self, progress: Progress, now: float) -> None:
         self._latency.observe(now - progress.start)
-        if progress.reported and progress.first:
-            self._ttfb.observe(progress.first - progress.start)
+        if progress.reported and progress.first and progress.sent:
+            self._ttfb.observe(progress.first - progress.sent)
 
     async def attempt(self, make: Callable[[], Awaitable[T]], hard: float | None,
                       first: bool = True) -> T:

@@ -362,6 +362,8 @@ class HTTPPool:
         if progress is not None:
             progress.reported = True
         async with self._sem:
+            if progress is not None:  # the server's time starts now, with the connection
+                progress.sent = progress.last = _monotonic()
             for attempt in range(2):
                 conn, reused = await self._checkout(key)
                 ok = False

@@ -5,8 +5,10 @@ The watchdog makes a :class:`Progress` per attempt and sets it as :data:`CURRENT
 while it creates the attempt's task (a task copies the context it is created in),
 so the client, deep inside the attempt, finds it without any argument passed
 through the layers between (source, S3 signer, redirects).  A client that can
-report sets ``reported`` when it sends the request and then, for every piece of
-the response it receives, writes the time into ``last`` (and ``first`` once):
+report sets ``reported`` when it takes the request, ``sent`` (and ``last``) when
+it writes it to a connection (waiting for the client's own connection limit is
+nobody's silence), and then, for every piece of the response it receives, writes
+the time into ``last`` (and ``first`` once):
 two attribute writes per chunk, no task, no future, no callback.  The watchdog
 only reads them when one of its timers fires.
 
@@ -24,15 +26,18 @@ class Progress:
     """What one attempt has received so far.
 
     ``start``: when the attempt began; ``reported``: a client is reporting this
-    attempt's bytes (else nothing below moves, whatever arrives); ``first`` /
-    ``last``: when its first / latest bytes arrived (``first`` 0.0 and ``last``
-    ``start`` until then); ``nbytes``: bytes received (headers included).
+    attempt's bytes (else nothing below moves, whatever arrives); ``sent``: when
+    the client began sending the request (0.0 while it waits for a connection
+    slot); ``first`` / ``last``: when its first / latest bytes arrived (``first``
+    0.0 and ``last`` ``start`` or ``sent`` until then); ``nbytes``: bytes received
+    (headers included).
     """
 
-    __slots__ = ("start", "first", "last", "nbytes", "reported")
+    __slots__ = ("start", "sent", "first", "last", "nbytes", "reported")
 
     def __init__(self, start: float) -> None:
         self.start = start
+        self.sent = 0.0
         self.first = 0.0
         self.last = start
         self.nbytes = 0
