@@ -113,6 +113,8 @@ class GilProbe:
         with self._lock:
             if self._thread is not None or self._stop:
                 return
+            # due now, though the thread may not run before a short pass ends
+            self.next_wake = max(time.perf_counter() + self.period, self.not_before)
             self._thread = threading.Thread(target=self._run, name="asyncfeed-gilprobe",
                                             daemon=False)
             self._thread.start()
