@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import signal
 import os
 import sys
 import threading
@@ -34,6 +35,27 @@ def no_leaked_threads():
             break
         time.sleep(0.02)
     assert not left, f"threads leaked by this test: {[t.name for t in left]}"
+
+
+# A non-interactive shell starts its background jobs with SIGINT ignored (POSIX), and
+# Python then leaves it ignored, as do the child processes it starts: the Ctrl-C tests
+# need SIGINT handled as in a terminal, however the suite was launched.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def no_changed_signal_handlers():
+    """Fail a test that leaves SIGINT or SIGTERM handled otherwise than it found them
+    (a later test's Ctrl-C, and every child process's, would behave differently)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    after = {s: signal.getsignal(s) for s in before}
+    changed = {signal.Signals(s).name: (before[s], after[s]) for s in before
+               if after[s] is not before[s]}
+    for s in before:  # restored, so one test's leak does not fail the rest
+        signal.signal(s, before[s])
+    assert not changed, f"signal handlers changed by this test: {changed}"
 
 
 @pytest.fixture(params=EXECUTIONS)
