@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from . import contenders
-from .augment import normalized
+from .augment import NormalizedRows, normalized
 from .limit import run_limit
 from .workloads import build_dataset
 
@@ -50,6 +50,8 @@ def execute(spec: dict) -> dict:
     dataset, order = build_dataset(spec["dataset"])
     if mode == "limit":
         marks: list[dict] = []
+        if spec["dataset"].get("normalize"):  # workload h: the consumer's normalize too
+            dataset = NormalizedRows(dataset)
         out = run_limit(dataset, order, spec["procs"],
                         pause=(lambda: _pause("end", marks)) if spec.get("pause", True) else None)
         return {**out, "marks": marks}
