@@ -27,8 +27,9 @@ medians over the rounds, and the worst round.  Prints:
    and its worker processes) and the execution chosen: the loader's own cost per
    image, in its first epoch (exploring executions) and after;
 6. ``asyncfeed.normalize`` of a ``uint8`` batch of ``--batch-size`` rows on the CPU,
-   per image, at torch's thread count and at one thread (what a CPU-only consumer
-   pays on top; with a GPU it runs there).
+   per image, at torch's thread count and at one thread, into a fresh tensor each
+   time and into one reused ``out=`` (what a CPU-only consumer pays on top; with a
+   GPU it runs there).
 """
 
 from __future__ import annotations
@@ -268,19 +269,22 @@ def _loader_costs(root: str, args: argparse.Namespace) -> None:
     x = torch.randint(0, 256, (args.batch_size, 3, args.size, args.size), dtype=torch.uint8)
     reps = max(1, n // args.batch_size)
 
-    def norm(threads: int) -> tuple[Any, int]:
+    reused = torch.empty(x.shape, dtype=torch.float32)
+
+    def norm(threads: int, out: Any = None) -> tuple[Any, int]:
         def run() -> None:
             before = torch.get_num_threads()
             torch.set_num_threads(threads)
             try:
                 for _ in range(reps):
-                    normalize(x)
+                    normalize(x, out=out)
             finally:
                 torch.set_num_threads(before)
         return run, reps * args.batch_size
     k = torch.get_num_threads()
     res = _rounds({f"{k} thread{'s' if k > 1 else ''} (torch's)": norm(k),
-                   "1 thread": norm(1)}, args.rounds)
+                   "1 thread": norm(1),
+                   "1 thread, out= reused": norm(1, reused)}, args.rounds)
     print(f"\n6. normalize, a [{args.batch_size}, 3, {args.size}, {args.size}] uint8 batch on "
           f"the CPU, per image")
     for name, (m, worst) in res.items():

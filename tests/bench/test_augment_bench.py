@@ -74,7 +74,7 @@ def test_figures_headline_and_table(tmp_path):
     text = render(results)
     assert "(h) training augmentation" in text and "fused (uint8) + normalize" in text
     assert "2.25" in text and "0.50" in text
-    assert "fused (uint8), no normalize" in text and "steady img/s" in text
+    assert "steady img/s" in text
 
 
 def _spec(folder: str, kind: str, family: str, knob, mode="throughput", **ds) -> dict:
@@ -95,22 +95,38 @@ def test_real_runs_give_normalized_float_batches(folder):
     assert limit["samples"] == 16 and limit["rate"] > 0
 
 
-def test_the_consumers_normalize_is_asyncfeeds_on_one_thread(monkeypatch):
+def test_the_consumers_normalize_is_asyncfeeds_on_one_thread_into_one_buffer(monkeypatch):
+    """On the CPU the bench's consumer normalizes on one thread, into one reused
+    float buffer per batch shape (as a CPU training loop keeps its input)."""
     x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     from asyncfeed import normalize
     from asyncfeed._data import normalize as module
     before = torch.get_num_threads()
     seen = []
-    monkeypatch.setattr(module, "normalize", lambda b: seen.append(torch.get_num_threads())
-                        or normalize(b))
+    monkeypatch.setattr(module, "normalize", lambda b, out=None: seen.append(
+        torch.get_num_threads()) or normalize(b, out=out))
     torch.set_num_threads(2)
     try:
-        assert torch.equal(augment.normalized(x), normalize(x))
+        first = augment.normalized(x)
+        assert torch.equal(first, normalize(x))
         assert seen == [1] and torch.get_num_threads() == 2  # restored
+        again = augment.normalized(x.flip(0))
+        assert again.data_ptr() == first.data_ptr()         # the same buffer
+        assert torch.equal(again, normalize(x.flip(0)))
+        other = augment.normalized(x[:1])                   # another shape: its own
+        assert other.shape == (1, 3, 4, 4) and torch.equal(other, normalize(x[:1]))
     finally:
         torch.set_num_threads(before)
     f = torch.zeros(2, 3, 4, 4)
     assert augment.normalized(f) is f
+
+
+def test_the_limit_of_h_normalizes_each_row_as_the_consumer_does():
+    rows = augment.NormalizedRows([(torch.full((3, 2, 2), 255, dtype=torch.uint8), 7)])
+    image, label = rows[0]
+    assert label == 7 and image.shape == (1, 3, 2, 2) and image.dtype == torch.float32
+    from asyncfeed import normalize
+    assert torch.equal(image, normalize(torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)))
 
 
 def test_torchvision_that_does_not_import_is_told_apart_from_missing(monkeypatch):

@@ -281,6 +281,30 @@ def test_inline_is_not_dueled_where_processes_beat_one_core(cores):
     assert d.inline_skipped is Reason.NO_ROOM
 
 
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_more_threads_are_not_dueled_where_the_rows_run_at_every_cores_rate(cores):
+    """GIL-free rows at 1,000 rows per CPU second: the cores' threads read 97% of
+    the cores' rate, so no count above the cores can win by the margin."""
+    sp = space(cores)
+    rec, ran = run(sp, gil_free(cores), 0.0, core_rate=1000.0)
+    d = decide(rec, sp)
+    assert d.choice == threads(cores) and d.threads_skipped is Reason.NO_ROOM, d
+    assert not any(c.mode is Mode.THREADS and c.count > cores for c in ran), ran
+    # without CPU readings nothing bounds them: the next rung is measured
+    rec, ran = run(sp, gil_free(cores), 0.0)
+    assert decide(rec, sp).threads_skipped is None
+    assert any(c.mode is Mode.THREADS and c.count > cores for c in ran), ran
+
+
+def test_rows_that_wait_use_little_cpu_and_still_get_more_threads():
+    """Rows that wait on storage at 20,000 rows per CPU second: the bound is far
+    above what they read, and the dearer rungs are measured (and win)."""
+    sp = space(2, pool=4)
+    rec, ran = run(sp, io_bound(2), 0.0, core_rate=20_000.0)
+    d = decide(rec, sp)
+    assert d.choice == threads(4) and d.threads_skipped is None, d
+
+
 def test_inline_is_dueled_where_the_cpu_is_not_known_or_processes_are_close():
     # no CPU readings: nothing bounds inline
     rec, ran = run(space(2), gil_bound(2), 0.02)

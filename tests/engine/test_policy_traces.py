@@ -105,3 +105,23 @@ def test_inline_is_skipped_only_where_processes_read_beyond_one_core():
         assert d.choice.mode is Mode.PROCESSES and d.choice_rate is not None
         assert d.choice_rate > per_core * (1 + PolicyConfig().min_margin), path.stem
     assert "gil-quiet-0" in skipped, skipped
+
+
+def test_more_threads_are_skipped_only_where_the_rows_ran_at_every_cores_rate():
+    """Where a recorded run did not measure more threads, its choice's rate was
+    within the margin of the cores times the most rows per CPU second any thread
+    window read; the quiet run of GIL-free hashing skipped them."""
+    skipped = []
+    for path in TRACES:
+        _, rec, sp = _load(path)
+        d = decide(rec, sp)
+        if d.threads_skipped is None:
+            continue
+        skipped.append(path.stem)
+        per_core = max(w.rows / w.cpu for w in rec.windows
+                       if w.candidate.mode is Mode.THREADS and w.cpu > 0)
+        assert d.choice.mode is Mode.THREADS and d.choice_rate is not None
+        assert d.choice_rate * (1 + d.margin) >= sp.cores * per_core, path.stem
+        assert not any(w.candidate.mode is Mode.THREADS and w.candidate.count > d.choice.count
+                       for w in rec.windows), path.stem
+    assert "sha-quiet-0" in skipped, skipped

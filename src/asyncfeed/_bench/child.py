@@ -44,22 +44,28 @@ def _images(batch: Any) -> Any:
     return batch
 
 
+def _limit(spec: dict, dataset: Any, order: list[int]) -> dict:
+    """The limit line's figures: ``dataset[i]`` over ``order`` in ``spec["procs"]``
+    processes, no loader (workload h's rows then normalized, as its consumer does)."""
+    marks: list[dict] = []
+    if spec["dataset"].get("normalize"):
+        dataset = NormalizedRows(dataset)
+    out = run_limit(dataset, order, spec["procs"],
+                    pause=(lambda: _pause("end", marks)) if spec.get("pause", True) else None)
+    return {**out, "marks": marks}
+
+
 def execute(spec: dict) -> dict:
     """Run ``spec`` (a dict from the runner) and return its figures."""
     mode = spec["mode"]
     dataset, order = build_dataset(spec["dataset"])
     if mode == "limit":
-        marks: list[dict] = []
-        if spec["dataset"].get("normalize"):  # workload h: the consumer's normalize too
-            dataset = NormalizedRows(dataset)
-        out = run_limit(dataset, order, spec["procs"],
-                        pause=(lambda: _pause("end", marks)) if spec.get("pause", True) else None)
-        return {**out, "marks": marks}
+        return _limit(spec, dataset, order)
     family, knob = spec["family"], spec.get("knob")
     if family in ("torchdata", "spdl"):  # import outside the measured window
         __import__(contenders.REQUIRES[family])
     gc.collect()
-    marks = []
+    marks: list[dict] = []
     if spec.get("pause", True):
         _pause("ready", marks)
     device = spec.get("device", "cpu")

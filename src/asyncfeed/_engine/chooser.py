@@ -327,4 +327,5 @@ class Chooser:
                                reason=d.reason if d.settled else Reason.EXPLORING,
                                candidates=measured(self.record), margin=d.margin,
                                processes_skipped=d.processes_skipped, detail=self.detail,
-                               inline_skipped=d.inline_skipped)
+                               inline_skipped=d.inline_skipped,
+                               threads_skipped=d.threads_skipped)

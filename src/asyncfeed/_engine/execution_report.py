@@ -34,8 +34,9 @@ class ExecutionReport:
     why processes were not measured, if they were not.  ``detail``: what went
     wrong, where something did (the process stage could not start or stopped).
     ``inline_skipped``: why inline was not measured (``NO_ROOM``: processes won by
-    more than one core's rate of the rows), if it was not.  ``str()`` is a
-    sentence."""
+    more than one core's rate of the rows), if it was not.  ``threads_skipped``:
+    why more threads were not measured (``NO_ROOM``: the rows already ran at the
+    cores' rate), if they were not.  ``str()`` is a sentence."""
 
     mode: Mode
     count: int
@@ -45,6 +46,7 @@ class ExecutionReport:
     processes_skipped: Reason | None = None
     detail: str = ""
     inline_skipped: Reason | None = None
+    threads_skipped: Reason | None = None
 
     @property
     def candidate(self) -> Candidate:
@@ -79,6 +81,9 @@ class ExecutionReport:
             parts.append("nothing dearer tried: the consumer takes batches no faster")
         elif self.processes_skipped is Reason.UNAVAILABLE:
             parts.append("processes unavailable: they could not start, or stopped")
+        if self.threads_skipped is Reason.NO_ROOM:
+            parts.append("more threads not tried: the rows already ran at every core's "
+                         "rate")
         if self.inline_skipped is Reason.NO_ROOM:
             parts.append("inline not tried: the processes' rate is beyond one core's "
                          "rate of the rows")

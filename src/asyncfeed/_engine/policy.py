@@ -42,7 +42,11 @@ The search, replayed from the record by :func:`decide` (a pure function):
    processes;
 2. *down*: where the start won, duel the next cheaper thread count of the
    ladder (half the threads, ...) while the cheaper one stays;
-3. *up*: if no cheaper count won, duel the next dearer one while it wins;
+3. *up*: if no cheaper count won, duel the next dearer one while it wins --
+   unless the choice already runs the rows at the cores' rate: one process's
+   threads use at most ``min(threads, cores)`` cores, each at most at the most
+   rows per CPU second a thread window read, so where the choice's rate is
+   within the margin of that bound, more threads cannot win;
 4. *processes*: duel the best so far against the process candidate, unless the
    measured rates leave processes no room: ``min(cores, workers)`` processes
    cannot go faster than that many times one thread's measured rate (one
@@ -150,7 +154,10 @@ class Decision:
     ``rival``: the candidate the open duel measures against the choice (one thread
     while its rate alone is measured), None when settled.  ``inline_skipped``:
     ``NO_ROOM`` where processes won by more than one core's rate of the rows, which
-    is all inline can run; else None."""
+    is all inline can run; else None.  ``threads_skipped``: ``NO_ROOM`` where more
+    threads were not measured because the rows already ran at the cores' rate
+    (rows per CPU second of the thread windows times the cores, less the margin);
+    else None."""
 
     run: Candidate
     choice: Candidate
@@ -162,6 +169,7 @@ class Decision:
     processes_skipped: Reason | None = None
     rival: Candidate | None = None
     inline_skipped: Reason | None = None
+    threads_skipped: Reason | None = None
 
     def most_threads(self) -> int:
         """The most threads the candidates of the open duel run (inline and processes
@@ -217,6 +225,7 @@ class _Replay:
         self.skipped: Reason | None = Reason.UNAVAILABLE \
             if unavailable and space.process is not None else None
         self.inline_skipped: Reason | None = None
+        self.threads_skipped: Reason | None = None
         self.solo: list[Window] = []   # one thread's windows (the processes bound)
         self.seen: list[Window] = []   # every window so far
         self.fresh: list[Window] = []  # the windows of this search (since a re-check)
@@ -260,6 +269,20 @@ class _Replay:
             return False
         return self.choice_rate > max(per_core) * (1 + self._margin())
 
+    def _beyond_reach(self, more: Candidate) -> bool:
+        """Whether ``more`` threads cannot beat the choice by the margin: one process's
+        threads run the rows on at most ``min(threads, cores)`` cores, each at most
+        at the most rows per CPU second any thread window of this search read.
+        Where the choice's rate is within the margin of that bound, the rows already
+        take every core they can have.  False where no thread window knows its CPU
+        (rows that wait on storage use little CPU: the bound is far above them)."""
+        per_core = [w.rows / w.cpu for w in self.fresh
+                    if w.candidate.mode is Mode.THREADS and w.cpu > 0]
+        if not per_core or self.choice_rate is None:
+            return False
+        bound = min(more.count, self.space.cores) * max(per_core)
+        return self.choice_rate * (1 + self._margin()) >= bound
+
     def _one_thread_rate(self) -> float | None:
         rates = [w.rate for w in self.solo]
         return statistics.fmean(rates) if rates else None
@@ -280,6 +303,9 @@ class _Replay:
                 return None
             j = i - 1 if phase == "down" else i + 1
             if 0 <= j < len(self.rungs) and self.rungs[j] not in self.tried:
+                if phase == "up" and self._beyond_reach(self.rungs[j]):
+                    self.threads_skipped = Reason.NO_ROOM
+                    return None
                 return self.rungs[j]
             return None
         if phase == "inline":
@@ -428,6 +454,7 @@ class _Replay:
         self.moved = False
         self.skipped = Reason.UNAVAILABLE if self.skipped is Reason.UNAVAILABLE else None
         self.inline_skipped = None
+        self.threads_skipped = None
         self.fresh = []
         self.phases = ["down", "up", "processes", "inline"]
         self._advance()
@@ -449,7 +476,7 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     duels=tuple(r.duels), margin=r.margin, choice_rate=r.choice_rate,
                     processes_skipped=r.skipped,
                     rival=threads(1) if r.soloing else r.rival,
-                    inline_skipped=r.inline_skipped)
+                    inline_skipped=r.inline_skipped, threads_skipped=r.threads_skipped)
 
 
 def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:
