@@ -54,7 +54,9 @@ def normalize(batch: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN,
     one fused ``addcmul`` per batch (read ``uint8``, write ``dtype``), with the
     per-channel coefficients made once per device and dtype and cached, so it costs
     one pass over the batch on the GPU or the CPU.  ``out``: a tensor of the
-    result's shape and ``dtype`` to write into.  Raises ValueError for a batch
+    result's shape and ``dtype`` to write into; on the CPU, pass one the loop
+    keeps (a fresh result per batch may be paged in anew each call, several
+    times the arithmetic: ``docs/augmentation.md``).  Raises ValueError for a batch
     whose channel count differs from ``mean``'s, or a ``std`` with a zero.
     """
     if not isinstance(batch, torch.Tensor):
