@@ -30,12 +30,13 @@ def space(cores: int, pool: int | None = None, workers: int | None = None,
 
 
 def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
-        record: Record | None = None, core_rate: float = 0.0
+        record: Record | None = None, core_rate: float = 0.0, other_cores: float = 0.0
         ) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
     for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
     ``core_rate``, thread windows read the CPU their rows took at that many rows
-    per CPU second."""
+    per CPU second; with ``other_cores`` too, the whole process took that many
+    cores more (the consumer's own work)."""
     rnd = random.Random(seed)
     rec = record if record is not None else Record()
     ran = []
@@ -51,7 +52,8 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         waited = 0.1 * (1 - r / pace) if pace and r < pace else (0.0 if pace else 0.05)
         rows = max(1, round(r * 0.1))
         cpu = rows / core_rate if core_rate and c.mode is Mode.THREADS else 0.0
-        rec.windows.append(Window(c, rows, 0.1, waited, cpu))
+        pcpu = cpu + other_cores * 0.1 if cpu and other_cores else 0.0
+        rec.windows.append(Window(c, rows, 0.1, waited, cpu, pcpu))
     raise AssertionError(f"not settled after {limit} windows: {ran[-12:]}")
 
 
@@ -305,6 +307,42 @@ def test_rows_that_wait_use_little_cpu_and_still_get_more_threads():
     assert d.choice == threads(4) and d.threads_skipped is None, d
 
 
+def _busy_consumer(x: Candidate) -> float:
+    """GIL-free rows on 2 cores whose consumer keeps half a core busy: two
+    threads read 1.5 times one; processes, sharing the same cores, no more."""
+    return {Mode.INLINE: 500.0, Mode.THREADS: 1000.0 * min(x.count, 1.5)}.get(
+        x.mode, 1500.0)
+
+
+def test_processes_are_bounded_by_the_cores_the_process_leaves_them():
+    """The consumer's own CPU stays in the loader's process under processes too:
+    with half a core busy besides the rows, two workers have 1.5 cores, and two
+    threads at 1.5 times one thread leave them no room."""
+    sp = space(2)
+    rec, ran = run(sp, _busy_consumer, 0.0, core_rate=1050.0, other_cores=0.5)
+    d = decide(rec, sp)
+    assert d.choice == threads(2) and d.processes_skipped is Reason.NO_ROOM, d
+    assert not any(c.mode is Mode.PROCESSES for c in ran), ran
+    # not knowing the process's CPU, the bound is the cores: processes are measured
+    rec, ran = run(sp, _busy_consumer, 0.0, core_rate=1050.0)
+    assert any(c.mode is Mode.PROCESSES for c in ran), ran
+    assert decide(rec, sp).choice == threads(2)
+
+
+def test_the_chooser_reads_the_whole_process_cpu_into_its_windows():
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(_busy_consumer, clock)
+    ctl.core_rate, ctl.other_cores = 1050.0, 0.5
+    ch.begin_pass(ctl)
+    for _ in range(400):
+        ctl.advance(0.02)
+        ch.tick()
+    threads_w = [w for w in ch.record.windows if w.candidate.mode is Mode.THREADS]
+    assert threads_w and all(w.other_cores == pytest.approx(0.5, rel=0.05) for w in threads_w)
+    assert ch.current == threads(2) and ch.report().processes_skipped is Reason.NO_ROOM
+
+
 def test_inline_is_dueled_where_the_cpu_is_not_known_or_processes_are_close():
     # no CPU readings: nothing bounds inline
     rec, ran = run(space(2), gil_bound(2), 0.02)
@@ -408,6 +446,8 @@ class _Control:
         self.drain_until = 0.0
         self.cpu = 0.0
         self.core_rate = 0.0  # rows per CPU second in threads (0: not counted)
+        self.pcpu = 0.0       # the whole process's CPU
+        self.other_cores = 0.0  # cores the process keeps busy besides the rows
 
     def waited(self) -> float:
         return self.clock[0]  # the consumer only waits: the loader is the bottleneck
@@ -420,6 +460,9 @@ class _Control:
 
     def rows_cpu(self) -> float:
         return self.cpu
+
+    def process_cpu(self) -> float:
+        return self.pcpu
 
     def apply(self, c: Candidate) -> bool:
         self.runs = c
@@ -437,6 +480,8 @@ class _Control:
             self.rows += n
             if self.core_rate and self.runs.mode is not Mode.PROCESSES:
                 self.cpu += n / self.core_rate
+                self.pcpu += n / self.core_rate
+            self.pcpu += self.other_cores * seconds / chunks
             self.events += 1
             self.last = self.clock[0]
 

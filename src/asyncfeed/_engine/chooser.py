@@ -62,6 +62,11 @@ class ExecutionControl(Protocol):
         by worker processes add nothing): what one core's rate of the rows is."""
         ...
 
+    def process_cpu(self) -> float:
+        """CPU seconds this whole process has taken (every thread: the consumer's
+        work, the loader's, the rows'), on any monotonic origin."""
+        ...
+
     def draining(self) -> bool:
         """Whether rows started under an earlier candidate still run (a process
         stage left with tasks in hand): their replies compete with the candidate
@@ -83,6 +88,7 @@ class _Mark(NamedTuple):
     events: int = 0
     waited: float = 0.0
     cpu: float = 0.0
+    process_cpu: float = 0.0
 
 
 class Chooser:
@@ -147,7 +153,8 @@ class Chooser:
                 self._carried = _Mark(c.at + last - w0.at, c.rows + rows - w0.rows,
                                       c.events + events - w0.events,
                                       c.waited + control.waited() - w0.waited,
-                                      c.cpu + control.rows_cpu() - w0.cpu)
+                                      c.cpu + control.rows_cpu() - w0.cpu,
+                                      c.process_cpu + control.process_cpu() - w0.process_cpu)
 
     def request(self, candidate: Candidate) -> None:
         """Run ``candidate`` from now on, nothing measured any more (any thread; the
@@ -218,7 +225,8 @@ class Chooser:
         rows, events, last = control.completed()
         w0 = self._w0
         if w0 is None:  # the pass's first completion once primed opens its first window
-            self._w0 = _Mark(last, rows, events, control.waited(), control.rows_cpu()) \
+            self._w0 = _Mark(last, rows, events, control.waited(), control.rows_cpu(),
+                             control.process_cpu()) \
                 if events > max(0, self._opens_after) and control.primed \
                 and not control.draining() else None
             return self._window_s / 4
@@ -233,11 +241,13 @@ class Chooser:
                        self._window_s / 4)
         waited = control.waited()
         cpu = control.rows_cpu()
-        self._w0 = _Mark(last, rows, events, waited, cpu)
+        pcpu = control.process_cpu()
+        self._w0 = _Mark(last, rows, events, waited, cpu, pcpu)
         self._carried = _Mark()
         window = Window(self.current, c.rows + rows - w0.rows, elapsed,
                         min(elapsed, max(0.0, c.waited + waited - w0.waited)),
-                        max(0.0, c.cpu + cpu - w0.cpu))
+                        max(0.0, c.cpu + cpu - w0.cpu),
+                        max(0.0, c.process_cpu + pcpu - w0.process_cpu))
         if self._warmup > 0:
             self._warmup -= 1
         elif not self.decision.settled:

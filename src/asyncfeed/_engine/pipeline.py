@@ -265,6 +265,11 @@ class Pipeline(BatchHandoff):
         included, so far (see ``chooser.ExecutionControl``)."""
         return self.rows_cpu_s
 
+    def process_cpu(self) -> float:
+        """CPU seconds this process has taken, every thread (see
+        ``chooser.ExecutionControl``)."""
+        return time.process_time()
+
     def draining(self) -> bool:
         """Whether a process stage this pass left still runs rows of it (see
         ``chooser.ExecutionControl``)."""

@@ -48,10 +48,13 @@ The search, replayed from the record by :func:`decide` (a pure function):
    rows per CPU second a thread window read, so where the choice's rate is
    within the margin of that bound, more threads cannot win;
 4. *processes*: duel the best so far against the process candidate, unless the
-   measured rates leave processes no room: ``min(cores, workers)`` processes
-   cannot go faster than that many times one thread's measured rate (one
-   thread alone runs the per-sample function at a core's speed), so where the
-   best rate is already within the margin of that bound the duel is skipped.
+   measured rates leave processes no room: ``min(cores left, workers)``
+   processes cannot go faster than that many times one thread's measured rate
+   (one thread alone runs the per-sample function at a core's speed), where
+   the cores left are the cores less what this process kept busy besides the
+   rows under the choice (the consumer's own work goes on under processes
+   too); where the best rate is already within the margin of that bound the
+   duel is skipped.
    One thread's rate is measured for this where no duel did.
 5. *inline*: where one thread or processes won, duel inline (the consumer
    loads the rows itself) against it -- unless processes won at a rate beyond
@@ -283,6 +286,18 @@ class _Replay:
         bound = min(more.count, self.space.cores) * max(per_core)
         return self.choice_rate * (1 + self._margin()) >= bound
 
+    def _cores_left(self) -> float:
+        """The cores worker processes could have: the cores, less what this process
+        kept busy besides the rows under the choice (the consumer's own work, the
+        hand-offs: it goes on under processes too, and grows with their rate, so
+        this is an upper bound).  The cores where the choice's windows do not
+        know their CPU."""
+        other = [w.other_cores for w in self.fresh
+                 if w.candidate == self.choice and w.other_cores > 0]
+        if not other:
+            return float(self.space.cores)
+        return max(1.0, self.space.cores - statistics.median(other))
+
     def _one_thread_rate(self) -> float | None:
         rates = [w.rate for w in self.solo]
         return statistics.fmean(rates) if rates else None
@@ -327,7 +342,7 @@ class _Replay:
                 self.soloing = True
                 return None
             best = self.choice_rate or 0.0
-            bound = min(self.space.cores, p.count) * (self._one_thread_rate() or 0.0)
+            bound = min(self._cores_left(), p.count) * (self._one_thread_rate() or 0.0)
             if best * (1 + self._margin()) >= bound:
                 self.skipped = Reason.NO_ROOM
                 return None

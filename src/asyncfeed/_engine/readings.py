@@ -73,13 +73,24 @@ class Window:
     """One window's reading: ``rows`` completed in ``seconds`` under ``candidate``,
     while the consumer waited ``waited`` of those seconds for batches, and the rows
     took ``cpu`` seconds of this process's threads (0: not known, or rows that ran
-    in worker processes)."""
+    in worker processes); ``process_cpu``: the CPU seconds this whole process took
+    meanwhile, every thread (0: not known)."""
 
     candidate: Candidate
     rows: int
     seconds: float
     waited: float = 0.0
     cpu: float = 0.0
+    process_cpu: float = 0.0
+
+    @property
+    def other_cores(self) -> float:
+        """Cores this process kept busy besides the rows (the consumer's own work,
+        the loader's hand-offs): what its CPU beyond the rows' was per second.
+        0 where either is not known."""
+        if self.process_cpu <= 0 or self.cpu <= 0 or self.seconds <= 0:
+            return 0.0
+        return max(0.0, self.process_cpu - self.cpu) / self.seconds
 
     @property
     def rate(self) -> float:
@@ -144,12 +155,13 @@ class Record:
     def to_dict(self) -> dict[str, object]:
         """Plain data (JSON): for traces replayed in tests and bench reports."""
         return {"windows": [[w.candidate.mode.value, w.candidate.count, w.rows, w.seconds,
-                             w.waited, w.cpu] for w in self.windows],
+                             w.waited, w.cpu, w.process_cpu] for w in self.windows],
                 "recheck_at": list(self.recheck_at), "failed_starts": self.failed_starts}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
         return cls([Window(Candidate(Mode(w[0]), int(w[1])), int(w[2]), float(w[3]),
                            float(w[4]) if len(w) > 4 else 0.0,
-                           float(w[5]) if len(w) > 5 else 0.0) for w in d["windows"]],
+                           float(w[5]) if len(w) > 5 else 0.0,
+                           float(w[6]) if len(w) > 6 else 0.0) for w in d["windows"]],
                    [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)))
