@@ -59,10 +59,18 @@ KINDS = {
 }
 
 
+# dict samples of row i: flat dicts FlatWriter takes as well
+DICT_KINDS = {
+    "dict-small": lambda i: {"image": _rng_img(i, (3, 8, 8)), "label": i, "name": f"s{i}"},
+    "dict-big-tensor": lambda i: {"x": torch.from_numpy(_rng_img(i)), "y": i / 3},
+}
+ALL_KINDS = {**KINDS, **DICT_KINDS}
+
+
 @pytest.mark.parametrize("bulk", [False, True])
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("kind", sorted(ALL_KINDS))
 def test_write_rows_writes_the_bytes_write_row_writes(kind, bulk):
-    make = KINDS[kind]
+    make = ALL_KINDS[kind]
     samples = [make(i) for i in range(6)]
     layout = Layout.infer(samples[0])
     w = FlatWriter.for_layout(layout)
@@ -128,6 +136,26 @@ def test_write_rows_declines_a_run_it_cannot_write_as_one():
                 [_rng_img(9, (3, 4)), 1]]:            # another container
         for bulk in (False, True):
             assert not w.write_rows(bufs, views, 0, 4, samples[:3] + [bad], bulk=bulk)
+
+
+def test_a_dict_writer_declines_other_keys_and_containers():
+    samples = [{"image": _rng_img(i, (3, 4)), "label": i} for i in range(4)]
+    layout = Layout.infer(samples[0])
+    w = FlatWriter.for_layout(layout)
+    assert w is not None
+    bufs = layout.allocate(4)
+    views = layout.numpy_views(bufs)
+    for bad in [{"image": _rng_img(9, (3, 4)), "other": 1},          # another key
+                {"image": _rng_img(9, (3, 4)), "label": 1, "x": 2},  # one more key
+                (_rng_img(9, (3, 4)), 1)]:                            # not a dict
+        for bulk in (False, True):
+            assert not w.write_rows(bufs, views, 0, 4, samples[:3] + [bad], bulk=bulk)
+        assert not w.write(bufs, views, 0, bad)
+    assert w.write_rows(bufs, views, 0, 4, samples)
+    a, b = zeroed_pair(layout, 4)
+    assert w.write(a, layout.numpy_views(a), 2, samples[2])
+    layout.write_row(b, 2, samples[2], layout.numpy_views(b))
+    assert_same_buffers(a, b)
 
 
 class BigRows:

@@ -74,7 +74,8 @@ def test_flat_writer_declines_what_it_does_not_handle():
     assert not w.write(bufs, views, 0, (np.zeros(3, np.int8), 1))         # other dtype
     assert not w.write(bufs, views, 0, (np.zeros(3, np.uint8), 1.0))      # other scalar
     assert not w.write(bufs, views, 0, [np.zeros(3, np.uint8), 1])        # other container
-    assert FlatWriter.for_layout(Layout.infer({"a": np.zeros(2)})) is None  # not flat
+    assert FlatWriter.for_layout(Layout.infer({"a": np.zeros(2)})) is not None  # a flat dict
+    assert FlatWriter.for_layout(Layout.infer({"a": (np.zeros(2), 1)})) is None  # not flat
 
 
 class TinyNumpy:

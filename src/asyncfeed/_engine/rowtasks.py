@@ -86,8 +86,8 @@ def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
             pass  # collated anyway
         elif hi - lo < b.n:
             b.deferred = True  # the thread that completes b writes every row at once
-        else:
-            write_run(rows, b, lo, hi, failed)
+        else:  # the whole batch: in bulk, as its completing thread would (write_deferred)
+            write_run(rows, b, lo, hi, failed, bulk=True)
         t = acct.end(ASSEMBLE, t, 0)  # counted per batch, at its completion
     elif not rows.layouts.decided:
         for row in range(lo, hi):

@@ -1,8 +1,8 @@
 """Writing samples into the rows of a batch's host buffers.
 
-:class:`FlatWriter` writes a sample that is a flat tuple of NumPy arrays, tensors
-and Python scalars (the common ``(image, label)``) with one copy per leaf, or a
-whole run of rows column by column; :func:`write_one` falls back to
+:class:`FlatWriter` writes a sample that is a flat tuple or dict of NumPy arrays,
+tensors and Python scalars (the common ``(image, label)``, or ``{"image": ...,
+"label": ...}``) with one copy per leaf, or a whole run of rows column by column; :func:`write_one` falls back to
 :meth:`Layout.write_row` for every other sample.  Nothing here knows a pass: a
 sample that does not fit the layout raises ``LayoutMismatch`` to the caller
 (``samples.SampleRows.write``, where the batch then turns to collating).
@@ -47,8 +47,8 @@ def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
 
 
 class FlatWriter:
-    """Writes a sample that is one array, or a flat tuple/list of arrays and Python
-    scalars, into its row with one copy per leaf (:meth:`write`), or the rows of a
+    """Writes a sample that is one array, or a flat tuple, list or dict of arrays,
+    Python scalars and strings, into its row with one copy per leaf (:meth:`write`), or the rows of a
     whole task column by column (:meth:`write_rows`).
 
     Both return False (having written nothing that matters) whenever a sample is
@@ -61,7 +61,10 @@ class FlatWriter:
         skel = layout.skeleton
         self.single = isinstance(skel, _Leaf)
         self.container = None if self.single else type(skel)
-        leaves = [skel] if self.single else list(skel)
+        #: a dict sample's keys, in the skeleton's order (None: not a dict)
+        self.keys: tuple[Any, ...] | None = tuple(skel) if type(skel) is dict else None
+        leaves = [skel] if self.single else list(skel.values()) if self.keys is not None \
+            else list(skel)
         self.k = len(leaves)
         self.specs = []
         for leaf in leaves:
@@ -75,16 +78,28 @@ class FlatWriter:
     def for_layout(cls, layout: Layout) -> FlatWriter | None:
         skel = layout.skeleton
         flat = isinstance(skel, _Leaf) or (
-            type(skel) in (tuple, list) and all(isinstance(x, _Leaf) for x in skel))
+            type(skel) in (tuple, list) and all(isinstance(x, _Leaf) for x in skel)) or (
+            type(skel) is dict and all(isinstance(x, _Leaf) for x in skel.values()))
         return cls(layout) if flat else None
 
-    def write(self, bufs: list[Any], views: list[Any], row: int, sample: Any) -> bool:
+    def _leaves(self, sample: Any) -> Any:
+        """The leaves of ``sample`` in the layout's order, or None where it is not a
+        sample of this writer's kind (another container, length or keys)."""
         if self.single:
-            leaves: Any = (sample,)
-        elif type(sample) is not self.container or len(sample) != self.k:
+            return (sample,)
+        if type(sample) is not self.container or len(sample) != self.k:
+            return None
+        if self.keys is None:
+            return sample
+        try:
+            return [sample[key] for key in self.keys]
+        except KeyError:
+            return None
+
+    def write(self, bufs: list[Any], views: list[Any], row: int, sample: Any) -> bool:
+        leaves = self._leaves(sample)
+        if leaves is None:
             return False
-        else:
-            leaves = sample
         for (j, kind, shape, dtype, nbytes), x in zip(self.specs, leaves):
             v = views[j]
             if kind == "list":
@@ -127,11 +142,10 @@ class FlatWriter:
         if self.single:
             columns: Any = (rows,)
         else:
-            container, k = self.container, self.k
-            for s in rows:
-                if type(s) is not container or len(s) != k:
-                    return False
-            columns = zip(*rows)
+            flat = [self._leaves(s) for s in rows]
+            if any(leaves is None for leaves in flat):
+                return False
+            columns = zip(*flat)
         for (j, kind, shape, dtype, nbytes), col in zip(self.specs, columns):
             v = views[j]
             if kind == "list":
