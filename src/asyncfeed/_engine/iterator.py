@@ -230,6 +230,11 @@ class _Iterator:
         ctx, p = self._ctx, self._p
         while True:
             k = p.taken if ctx.in_order else None
+            if p.inline:
+                # this thread loads the batch in wait(): nothing else runs Python, and
+                # the buffers let go of now are the ones the batch is written into
+                # (two sets alternate, warm in the caches, not three)
+                self._retire()
             b = p.wait(k, ctx.timeout)
             self._retire()
             if b is None:

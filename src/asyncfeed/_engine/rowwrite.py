@@ -27,9 +27,10 @@ __all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "FlatWriter", "write_one"]
 #: switches, more than the copy (the "ceiling" bench workload).  Bigger rows are
 #: copied by NumPy, the GIL released.
 HOLD_GIL_BYTES = 1 << 19
-#: a batch written in bulk (see :func:`write_deferred`) copies array leaves of at
-#: least this many bytes a row with one ``torch.stack`` that lets go of the GIL once;
-#: smaller rows are copied one by one holding it (cheaper than torch's per-call cost)
+#: a batch written in bulk (see :func:`write_deferred`) copies NumPy array leaves of
+#: at least this many bytes a row with one ``torch.stack`` that lets go of the GIL
+#: once; smaller arrays are copied one by one holding it (cheaper than wrapping each
+#: in a tensor).  Tensor leaves are stacked at any size.
 BULK_ROW_BYTES = 1 << 15
 
 
@@ -133,7 +134,8 @@ class FlatWriter:
         """Write ``samples[lo:hi]`` into rows ``lo..hi``, one leaf at a time: each
         leaf's values are checked for the whole run first, scalars go in with one
         NumPy assignment.  With ``bulk``, array leaves of at least
-        ``BULK_ROW_BYTES`` a row go in with one ``torch.stack`` (one release of the
+        ``BULK_ROW_BYTES`` a row, and leaves that are tensors in every row, go in
+        with one ``torch.stack`` (one release of the
         GIL for the whole copy), else row by row (:func:`_copy_row`).  For samples
         ``__getitem__`` returned (never a view of the batch's own buffers).  May
         raise what a NumPy assignment raises (an int too large for int64): the
@@ -163,7 +165,10 @@ class FlatWriter:
                 v[lo:hi] = col
             else:
                 vdtype = v.dtype
-                stacked = bulk and nbytes >= BULK_ROW_BYTES
+                # tensors stack in one call whatever their size (a row's NumPy view
+                # costs more than its copy); arrays from BULK_ROW_BYTES a row
+                stacked = bulk and (nbytes >= BULK_ROW_BYTES
+                                    or all(type(x) is torch.Tensor for x in col))
                 arrays: list[Any] = []
                 for x in col:
                     if type(x) is np.ndarray:
@@ -176,9 +181,13 @@ class FlatWriter:
                                           for a in arrays]
                             else:
                                 x = torch.from_numpy(x)
+                    elif type(x) is torch.Tensor and stacked:
+                        # torch.stack resolves conjugate and negative views itself,
+                        # and refuses other devices and tensors that need grad
+                        if x.shape != shape or x.dtype != dtype:
+                            return False
                     elif type(x) is torch.Tensor and _plain_tensor(x, shape, dtype):
-                        if not stacked:
-                            x = x.numpy()
+                        x = x.numpy()
                     else:
                         return False
                     arrays.append(x)
