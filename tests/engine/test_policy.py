@@ -518,6 +518,30 @@ def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost
     assert len(ch.record.recheck_at) == rechecks
 
 
+def test_a_short_dip_of_a_settled_rate_is_not_a_drift():
+    """Another process's burst: a dozen windows at half the rate, then back. The
+    median of the last recheck_windows windows does not move: nothing is re-checked
+    (and no worker process forked to find that out)."""
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    dip = {"on": False}
+    ctl = _Control(lambda c: gil_free(2)(c) * (0.5 if dip["on"] else 1.0), clock)
+    ch.begin_pass(ctl)
+    for _ in range(400):
+        ctl.advance(0.02)
+        ch.tick()
+    assert not ch.exploring and ch.current == threads(2)
+    dip["on"] = True
+    for _ in range(12):
+        ctl.advance(0.02)
+        ch.tick()
+    dip["on"] = False
+    for _ in range(400):
+        ctl.advance(0.02)
+        ch.tick()
+    assert ch.record.recheck_at == [] and ch.current == threads(2)
+
+
 def test_no_window_opens_while_a_stage_that_was_left_still_runs_rows():
     """Leaving processes, the workers finish the rows they hold and their replies
     compete with the candidate now running: its windows start once they are in."""

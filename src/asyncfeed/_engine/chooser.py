@@ -122,8 +122,11 @@ class Chooser:
         self._opens_after = -1  # a window opens at a completion past this count
         self._carried = _Mark()
         self._warmup = config.warmup_windows  # the loader's first windows: threads wake
+        # the settled windows a drift is judged on: the last ``_check_wait`` of them,
+        # so a dip shorter than half the wait (another process's burst, a collection)
+        # cannot move their median
         self._recent: collections.deque[float] = collections.deque(
-            maxlen=2 * config.like_windows)
+            maxlen=config.recheck_windows)
         self._since_check = 0
         self._check_wait = config.recheck_windows
         # the settled choice's own rate, read from its first settled windows (the
@@ -301,8 +304,9 @@ class Chooser:
             self.current = run
 
     def _watch(self, window: Window) -> None:
-        """A settled window: re-check the choice (bounded) when its rate drifted from
-        the rate its first settled windows read."""
+        """A settled window: re-check the choice (bounded) when the median of the
+        last ``_check_wait`` settled windows drifted from the rate its first settled
+        windows read."""
         d = self.decision
         if d.choice_rate is None:
             return
@@ -320,7 +324,7 @@ class Chooser:
         log.debug("execution %s drifted from %.0f rows/s: re-checking", self.current, base)
         self._since_check = 0
         self._check_wait *= 2
-        self._recent.clear()
+        self._recent = collections.deque(maxlen=self._check_wait)
         self._baseline = []
         self.record.recheck_at.append(len(self.record.windows))
         self._act()

@@ -75,8 +75,8 @@ class ExecutionReport:
                 f"{k}: {v:,.0f} rows/s" for k, v in sorted(rates.items(),
                                                            key=lambda kv: kv[0].cost)))
         if self.processes_skipped is Reason.NO_ROOM:
-            parts.append("processes not tried: one thread's rate times the cores leaves "
-                         "them no room")
+            parts.append("processes not tried: one thread's rate times the cores left to "
+                         "them leaves them no room")
         elif self.processes_skipped is Reason.CONSUMER:
             parts.append("nothing dearer tried: the consumer takes batches no faster")
         elif self.processes_skipped is Reason.UNAVAILABLE:

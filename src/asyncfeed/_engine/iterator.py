@@ -144,7 +144,8 @@ class _Iterator:
                     out = self._next_skipping()
                 else:
                     out = self._next_plain()
-                self._held.append(out)
+                if not self._p.inline:
+                    self._held.append(out)
             except StopIteration:
                 self._progress.done = True
                 self._close(None)
@@ -231,10 +232,10 @@ class _Iterator:
         while True:
             k = p.taken if ctx.in_order else None
             if p.inline:
-                # this thread loads the batch in wait(): nothing else runs Python, and
-                # the buffers let go of now are the ones the batch is written into
-                # (two sets alternate, warm in the caches, not three)
-                self._retire()
+                # this thread loads the batch in wait() and nothing else runs Python:
+                # no output need be held for freeing here (see _retire), and what the
+                # user let go of is freed now, its memory warm for this batch
+                self._held.clear()
             b = p.wait(k, ctx.timeout)
             self._retire()
             if b is None:

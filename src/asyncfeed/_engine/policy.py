@@ -64,12 +64,14 @@ The search, replayed from the record by :func:`decide` (a pure function):
    after one duel.
 
 Then the choice is *settled*: later windows, and later passes of the same
-loader, run it without exploring.  Where the median of recent windows leaves
-the rate of its first settled windows by more than twice the duel's margin
+loader, run it without exploring.  Where the median of the last
+``recheck_windows`` settled windows (as many as the wait below) leaves the rate
+of its first settled windows by more than twice the duel's margin
 (:func:`drifted`, read by the chooser), the choice is *re-checked* with its
-neighbours (one rung each way, processes, inline); re-checks wait
-``recheck_windows`` windows after the last and double that wait each time, so
-their cost stays bounded.
+neighbours (one rung each way, processes, inline): a dip shorter than half
+those windows does not move their median.  Re-checks wait ``recheck_windows``
+windows after the last and double that wait (and the windows judged) each
+time, so their cost stays bounded.
 
 Nothing here depends on the core count: the ladder is derived from it, the
 bound scales with it, the margin is measured.
