@@ -335,9 +335,7 @@ def test_the_chooser_reads_the_whole_process_cpu_into_its_windows():
     ctl = _Control(_busy_consumer, clock)
     ctl.core_rate, ctl.other_cores = 1050.0, 0.5
     ch.begin_pass(ctl)
-    for _ in range(400):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 400)
     threads_w = [w for w in ch.record.windows if w.candidate.mode is Mode.THREADS]
     assert threads_w and all(w.other_cores == pytest.approx(0.5, rel=0.05) for w in threads_w)
     assert ch.current == threads(2) and ch.report().processes_skipped is Reason.NO_ROOM
@@ -361,9 +359,7 @@ def test_the_chooser_reads_the_cpu_of_the_rows_into_its_windows():
     ctl = _Control(gil_bound(2), clock)
     ctl.core_rate = 1050.0
     ch.begin_pass(ctl)
-    for _ in range(400):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 400)
     threads_w = [w for w in ch.record.windows if w.candidate.mode is Mode.THREADS]
     assert threads_w and all(w.cpu == pytest.approx(w.rows / 1050.0, rel=0.05)
                              for w in threads_w)
@@ -486,14 +482,19 @@ class _Control:
             self.last = self.clock[0]
 
 
+def _ticks(ch: Chooser, ctl: _Control, n: int) -> None:
+    """Let ``n`` ticks of 20 ms pass on ``ctl``'s clock, the chooser ticking after each."""
+    for _ in range(n):
+        ctl.advance(0.02)
+        ch.tick()
+
+
 def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():
     clock = [0.0]
     ch = Chooser(space(2), clock=lambda: clock[0])
     ctl = _Control(gil_free(2), clock)
     ch.begin_pass(ctl)
-    for _ in range(200):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 200)
     assert not ch.exploring and ch.current == threads(2)
     ch.end_pass(ctl)
     # the next pass starts where it settled, measuring nothing new
@@ -501,20 +502,14 @@ def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost
     windows = len(ch.record.windows)
     ch.begin_pass(ctl2)
     assert ctl2.applied == [threads(2)]
-    for _ in range(100):
-        ctl2.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl2, 100)
     assert len(ch.record.windows) == windows and ctl2.applied == [threads(2)]
     # the rows turn GIL-bound: the rate drifts, a re-check moves to processes
     ctl2.rate = gil_bound(2)
-    for _ in range(400):
-        ctl2.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl2, 400)
     assert ch.current == processes(2) and ch.record.recheck_at, ch.record.recheck_at
     rechecks = len(ch.record.recheck_at)
-    for _ in range(2000):  # steady: no more re-checks
-        ctl2.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl2, 2000)  # steady: no more re-checks
     assert len(ch.record.recheck_at) == rechecks
 
 
@@ -527,18 +522,12 @@ def test_a_short_dip_of_a_settled_rate_is_not_a_drift():
     dip = {"on": False}
     ctl = _Control(lambda c: gil_free(2)(c) * (0.5 if dip["on"] else 1.0), clock)
     ch.begin_pass(ctl)
-    for _ in range(400):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 400)
     assert not ch.exploring and ch.current == threads(2)
     dip["on"] = True
-    for _ in range(12):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 12)
     dip["on"] = False
-    for _ in range(400):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 400)
     assert ch.record.recheck_at == [] and ch.current == threads(2)
 
 
@@ -551,13 +540,10 @@ def test_no_window_opens_while_a_stage_that_was_left_still_runs_rows():
     ch.begin_pass(ctl)
     ctl.drain_until = 0.5
     for _ in range(24):  # to 0.48 s
-        ctl.advance(0.02)
-        ch.tick()
+        _ticks(ch, ctl, 1)
         assert ch._w0 is None
     assert ch.record.windows == []
-    for _ in range(10):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 10)
     assert ch.record.windows  # (the first window after the drain is the warm-up)
     assert all(w.seconds < 0.2 for w in ch.record.windows)
 
@@ -568,9 +554,7 @@ def test_rechecks_back_off_on_a_rate_that_keeps_moving():
     flip = itertools.cycle([gil_free(2)] * 30 + [lambda c: gil_free(2)(c) * 0.5] * 30)
     ctl = _Control(lambda c: next(flip)(c), clock)
     ch.begin_pass(ctl)
-    for _ in range(6000):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 6000)
     at = ch.record.recheck_at
     gaps = [b - a for a, b in zip(at, at[1:])]
     assert len(at) <= 8, at                     # 6000 windows, a handful of re-checks
@@ -586,9 +570,7 @@ def test_a_requested_candidate_runs_and_nothing_is_measured_after():
     ch.request(processes(2))
     assert ctl.runs == processes(2) and ch.report().reason is Reason.FIXED
     n = len(ch.record.windows)
-    for _ in range(50):
-        ctl.advance(0.02)
-        ch.tick()
+    _ticks(ch, ctl, 50)
     assert len(ch.record.windows) == n
 
 

@@ -35,6 +35,19 @@ def _load(path: Path) -> tuple[dict, Record, Space]:
     return d, Record.from_dict(d["record"]), Space.from_dict(d["space"])
 
 
+def _decided():
+    """Each trace replayed: (its name, record, space, decision)."""
+    for path in TRACES:
+        _, rec, sp = _load(path)
+        yield path.stem, rec, sp, decide(rec, sp)
+
+
+def _core_rate(rec: Record) -> float:
+    """The most rows per CPU second a thread window of ``rec`` read."""
+    return max(w.rows / w.cpu for w in rec.windows
+               if w.candidate.mode is Mode.THREADS and w.cpu > 0)
+
+
 def test_there_are_traces_of_every_kind_quiet_and_beside_other_load():
     kinds = {"gil", "sha", "noop", "dicts", "tokens", "cifar", "sleepy"}
     quiet = {p.name.split("-")[0] for p in TRACES if not json.loads(p.read_text())["neighbour"]}
@@ -94,16 +107,12 @@ def test_inline_is_skipped_only_where_processes_read_beyond_one_core():
     rows per CPU second any of its thread windows read; at least one quiet run with
     pure Python rows skipped it."""
     skipped = []
-    for path in TRACES:
-        _, rec, sp = _load(path)
-        d = decide(rec, sp)
+    for stem, rec, sp, d in _decided():
         if d.inline_skipped is None:
             continue
-        skipped.append(path.stem)
-        per_core = max(w.rows / w.cpu for w in rec.windows
-                       if w.candidate.mode is Mode.THREADS and w.cpu > 0)
+        skipped.append(stem)
         assert d.choice.mode is Mode.PROCESSES and d.choice_rate is not None
-        assert d.choice_rate > per_core * (1 + PolicyConfig().min_margin), path.stem
+        assert d.choice_rate > _core_rate(rec) * (1 + PolicyConfig().min_margin), stem
     assert "gil-quiet-0" in skipped, skipped
 
 
@@ -112,16 +121,12 @@ def test_more_threads_are_skipped_only_where_the_rows_ran_at_every_cores_rate():
     within the margin of the cores times the most rows per CPU second any thread
     window read; the quiet run of GIL-free hashing skipped them."""
     skipped = []
-    for path in TRACES:
-        _, rec, sp = _load(path)
-        d = decide(rec, sp)
+    for stem, rec, sp, d in _decided():
         if d.threads_skipped is None:
             continue
-        skipped.append(path.stem)
-        per_core = max(w.rows / w.cpu for w in rec.windows
-                       if w.candidate.mode is Mode.THREADS and w.cpu > 0)
+        skipped.append(stem)
         assert d.choice.mode is Mode.THREADS and d.choice_rate is not None
-        assert d.choice_rate * (1 + d.margin) >= sp.cores * per_core, path.stem
+        assert d.choice_rate * (1 + d.margin) >= sp.cores * _core_rate(rec), stem
         assert not any(w.candidate.mode is Mode.THREADS and w.candidate.count > d.choice.count
-                       for w in rec.windows), path.stem
+                       for w in rec.windows), stem
     assert "sha-quiet-0" in skipped, skipped

@@ -90,6 +90,16 @@ class _Mark(NamedTuple):
     cpu: float = 0.0
     process_cpu: float = 0.0
 
+    @classmethod
+    def now(cls, control: ExecutionControl, rows: int, events: int, last: float) -> _Mark:
+        """The counters of ``control``'s pass at its completion ``last``."""
+        return cls(last, rows, events, control.waited(), control.rows_cpu(),
+                   control.process_cpu())
+
+    def plus(self, start: _Mark, end: _Mark) -> _Mark:
+        """These counters with what a pass added from ``start`` to ``end``."""
+        return _Mark._make(c + e - s for c, s, e in zip(self, start, end))
+
 
 class Chooser:
     """Measures candidates on the loader's passes and applies the decisions.
@@ -151,13 +161,8 @@ class Chooser:
             self._control_ref = lambda: None
             w0, self._w0 = self._w0, None
             if w0 is not None:
-                rows, events, last = control.completed()
-                c = self._carried
-                self._carried = _Mark(c.at + last - w0.at, c.rows + rows - w0.rows,
-                                      c.events + events - w0.events,
-                                      c.waited + control.waited() - w0.waited,
-                                      c.cpu + control.rows_cpu() - w0.cpu,
-                                      c.process_cpu + control.process_cpu() - w0.process_cpu)
+                self._carried = self._carried.plus(
+                    w0, _Mark.now(control, *control.completed()))
 
     def request(self, candidate: Candidate) -> None:
         """Run ``candidate`` from now on, nothing measured any more (any thread; the
@@ -228,8 +233,7 @@ class Chooser:
         rows, events, last = control.completed()
         w0 = self._w0
         if w0 is None:  # the pass's first completion once primed opens its first window
-            self._w0 = _Mark(last, rows, events, control.waited(), control.rows_cpu(),
-                             control.process_cpu()) \
+            self._w0 = _Mark.now(control, rows, events, last) \
                 if events > max(0, self._opens_after) and control.primed \
                 and not control.draining() else None
             return self._window_s / 4
@@ -242,15 +246,12 @@ class Chooser:
         if elapsed < self._window_s or c.events + events - w0.events < self.config.window_events:
             return max(self._window_s - elapsed - (now - last),
                        self._window_s / 4)
-        waited = control.waited()
-        cpu = control.rows_cpu()
-        pcpu = control.process_cpu()
-        self._w0 = _Mark(last, rows, events, waited, cpu, pcpu)
+        self._w0 = _Mark.now(control, rows, events, last)
+        total = c.plus(w0, self._w0)
         self._carried = _Mark()
-        window = Window(self.current, c.rows + rows - w0.rows, elapsed,
-                        min(elapsed, max(0.0, c.waited + waited - w0.waited)),
-                        max(0.0, c.cpu + cpu - w0.cpu),
-                        max(0.0, c.process_cpu + pcpu - w0.process_cpu))
+        window = Window(self.current, total.rows, elapsed,
+                        min(elapsed, max(0.0, total.waited)), max(0.0, total.cpu),
+                        max(0.0, total.process_cpu))
         if self._warmup > 0:
             self._warmup -= 1
         elif not self.decision.settled:

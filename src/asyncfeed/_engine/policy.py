@@ -262,30 +262,33 @@ class _Replay:
         """The margin a bound must be beaten by: the last duel's, at least the floor."""
         return max(self.margin, self.config.min_margin)
 
+    def _core_rate(self) -> float:
+        """The most rows per CPU second any thread window of this search read (0:
+        none knows its CPU): the most one core runs the rows at."""
+        return max((w.core_rate for w in self.fresh if w.candidate.mode is Mode.THREADS),
+                   default=0.0)
+
     def _beyond_one_core(self) -> bool:
-        """Whether the choice's rate is beyond what one core can run the rows at: the
-        most rows per CPU second any thread window of this search read, plus the
-        margin.  Inline runs the rows on the consumer's thread alone (with its own
-        work besides), so it cannot reach that rate.  False where no thread window
-        knows its CPU."""
-        per_core = [w.rows / w.cpu for w in self.fresh
-                    if w.candidate.mode is Mode.THREADS and w.cpu > 0]
+        """Whether the choice's rate is beyond what one core can run the rows at
+        (:meth:`_core_rate`), plus the margin.  Inline runs the rows on the
+        consumer's thread alone (with its own work besides), so it cannot reach
+        that rate.  False where no thread window knows its CPU."""
+        per_core = self._core_rate()
         if not per_core or self.choice_rate is None:
             return False
-        return self.choice_rate > max(per_core) * (1 + self._margin())
+        return self.choice_rate > per_core * (1 + self._margin())
 
     def _beyond_reach(self, more: Candidate) -> bool:
         """Whether ``more`` threads cannot beat the choice by the margin: one process's
         threads run the rows on at most ``min(threads, cores)`` cores, each at most
-        at the most rows per CPU second any thread window of this search read.
-        Where the choice's rate is within the margin of that bound, the rows already
-        take every core they can have.  False where no thread window knows its CPU
-        (rows that wait on storage use little CPU: the bound is far above them)."""
-        per_core = [w.rows / w.cpu for w in self.fresh
-                    if w.candidate.mode is Mode.THREADS and w.cpu > 0]
+        at :meth:`_core_rate`.  Where the choice's rate is within the margin of that
+        bound, the rows already take every core they can have.  False where no
+        thread window knows its CPU (rows that wait on storage use little CPU: the
+        bound is far above them)."""
+        per_core = self._core_rate()
         if not per_core or self.choice_rate is None:
             return False
-        bound = min(more.count, self.space.cores) * max(per_core)
+        bound = min(more.count, self.space.cores) * per_core
         return self.choice_rate * (1 + self._margin()) >= bound
 
     def _cores_left(self) -> float:

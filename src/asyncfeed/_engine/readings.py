@@ -84,6 +84,12 @@ class Window:
     process_cpu: float = 0.0
 
     @property
+    def core_rate(self) -> float:
+        """Rows per CPU second of the rows: what one core runs them at (0 where the
+        rows' CPU is not known)."""
+        return self.rows / self.cpu if self.cpu > 0 else 0.0
+
+    @property
     def other_cores(self) -> float:
         """Cores this process kept busy besides the rows (the consumer's own work,
         the loader's hand-offs): what its CPU beyond the rows' was per second.

@@ -2,10 +2,11 @@
 
 :class:`FlatWriter` writes a sample that is a flat tuple or dict of NumPy arrays,
 tensors and Python scalars (the common ``(image, label)``, or ``{"image": ...,
-"label": ...}``) with one copy per leaf, or a whole run of rows column by column; :func:`write_one` falls back to
-:meth:`Layout.write_row` for every other sample.  Nothing here knows a pass: a
-sample that does not fit the layout raises ``LayoutMismatch`` to the caller
-(``samples.SampleRows.write``, where the batch then turns to collating).
+"label": ...}``) with one copy per leaf, or a whole run of rows column by
+column; :func:`write_one` falls back to :meth:`Layout.write_row` for every other
+sample.  Nothing here knows a pass: a sample that does not fit the layout
+raises ``LayoutMismatch`` to the caller (``samples.SampleRows.write``, where the
+batch then turns to collating).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
 
 class FlatWriter:
     """Writes a sample that is one array, or a flat tuple, list or dict of arrays,
-    Python scalars and strings, into its row with one copy per leaf (:meth:`write`), or the rows of a
-    whole task column by column (:meth:`write_rows`).
+    Python scalars and strings, into its row with one copy per leaf
+    (:meth:`write`), or the rows of a whole task column by column
+    (:meth:`write_rows`).
 
     Both return False (having written nothing that matters) whenever a sample is
     not exactly of that kind; the caller then uses ``Layout.write_row``, which
