@@ -65,6 +65,27 @@ def test_import_asyncfeed_imports_no_optional_package() -> None:
     assert internals == [], f"import asyncfeed imported {internals}"
 
 
+def test_opencv_is_imported_by_the_decoders_that_resize_when_they_are_made() -> None:
+    # made with the data set, not in a pass's first rows (where the import would hold the
+    # GIL for every decode thread); a data set that never resizes never imports it
+    proc = _python("""
+        import sys
+        import asyncfeed
+        asyncfeed.ImageDecoder(size=None)
+        print("cv2" in sys.modules)
+        asyncfeed.ImageDecoder(size=64)
+        print("cv2" in sys.modules)
+    """)
+    assert _lines(proc)[-2:] == ["False", "True"]
+    proc = _python("""
+        import sys
+        from asyncfeed._data.augment import RandomResizedCropDecoder
+        RandomResizedCropDecoder(64)
+        print("cv2" in sys.modules, "numpy.random" in sys.modules)
+    """)
+    assert _lines(proc)[-1] == "True True"
+
+
 def test_remote_roots_without_fsspec_name_the_extra() -> None:
     proc = _python("""
         from asyncfeed import ImageFolder

@@ -14,9 +14,9 @@ import random
 import pytest
 
 from asyncfeed._engine.chooser import Chooser
-from asyncfeed._engine.policy import (INLINE, Candidate, Mode, PolicyConfig, Reason, Record,
-                                      Space, Window, decide, drifted, judge, processes,
-                                      threads)
+from asyncfeed._engine.policy import (INLINE, Candidate, Decision, Mode, PolicyConfig, Reason,
+                                      Record, Space, Window, decide, drifted, judge,
+                                      processes, threads)
 
 CFG = PolicyConfig()
 
@@ -30,13 +30,15 @@ def space(cores: int, pool: int | None = None, workers: int | None = None,
 
 
 def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
-        record: Record | None = None, core_rate: float = 0.0, other_cores: float = 0.0
-        ) -> tuple[Record, list[Candidate]]:
+        record: Record | None = None, core_rate: float = 0.0, other_cores: float = 0.0,
+        cpu_skew: float = 0.0) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
     for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
     ``core_rate``, thread windows read the CPU their rows took at that many rows
     per CPU second; with ``other_cores`` too, the whole process took that many
-    cores more (the consumer's own work)."""
+    cores more (the consumer's own work).  ``cpu_skew``: a thread candidate's
+    windows read their rows' CPU that much high, then low, in turn (some windows
+    draw the dearer samples)."""
     rnd = random.Random(seed)
     rec = record if record is not None else Record()
     ran = []
@@ -52,6 +54,8 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         waited = 0.1 * (1 - r / pace) if pace and r < pace else (0.0 if pace else 0.05)
         rows = max(1, round(r * 0.1))
         cpu = rows / core_rate if core_rate and c.mode is Mode.THREADS else 0.0
+        nth = sum(w.candidate == c for w in rec.windows)
+        cpu *= 1 + (-cpu_skew if nth % 2 else cpu_skew)
         pcpu = cpu + other_cores * 0.1 if cpu and other_cores else 0.0
         rec.windows.append(Window(c, rows, 0.1, waited, cpu, pcpu))
     raise AssertionError(f"not settled after {limit} windows: {ran[-12:]}")
@@ -296,6 +300,75 @@ def test_more_threads_are_not_dueled_where_the_rows_run_at_every_cores_rate(core
     rec, ran = run(sp, gil_free(cores), 0.0)
     assert decide(rec, sp).threads_skipped is None
     assert any(c.mode is Mode.THREADS and c.count > cores for c in ran), ran
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_the_more_threads_bound_reads_the_thread_windows_together(cores):
+    """Window by window the rows' CPU reads 30% high, then 30% low (some windows
+    draw the dearer samples): the most of those readings would put one core at
+    1,430 rows per CPU second and the bound out of reach; over the thread
+    windows together it is the 1,000 the rows run at, and no count above the
+    cores is measured."""
+    sp = space(cores)
+    rec, ran = run(sp, gil_free(cores), 0.0, core_rate=1000.0, cpu_skew=0.3)
+    assert max(w.core_rate for w in rec.windows) > 1400
+    d = decide(rec, sp)
+    assert d.choice == threads(cores) and d.threads_skipped is Reason.NO_ROOM, d
+    assert not any(c.mode is Mode.THREADS and c.count > cores for c in ran), ran
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_the_more_threads_bound_leaves_the_consumer_its_cores(cores):
+    """The consumer keeps half a core busy in the loader's process: the cores'
+    threads run the rows on the rest, at 98% of that; more threads would share the
+    same cores, and are not measured.  Not knowing the process's CPU, the bound is
+    every core, and the next rung is measured."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.THREADS:
+            return 1000.0 * min(x.count, cores - 0.5) * 0.98
+        return {Mode.INLINE: 450.0}.get(x.mode, 1000.0 * (cores - 0.5) * 0.9)
+    sp = space(cores)
+    rec, ran = run(sp, rate, 0.0, core_rate=1000.0, other_cores=0.5)
+    d = decide(rec, sp)
+    assert d.choice == threads(cores) and d.threads_skipped is Reason.NO_ROOM, d
+    assert not any(c.mode is Mode.THREADS and c.count > cores for c in ran), ran
+    rec, ran = run(sp, rate, 0.0, core_rate=1000.0)
+    assert decide(rec, sp).threads_skipped is None
+    assert any(c.mode is Mode.THREADS and c.count > cores for c in ran), ran
+
+
+def _scripted(sp: Space, script: dict[Candidate, list[float]], steps: int) -> Decision:
+    """Drive ``decide`` for ``steps`` windows; each candidate's k-th window reads
+    ``script[c][k]`` rows/s (its last entry thereafter), 0.1 s long."""
+    rec = Record()
+    for _ in range(steps):
+        c = decide(rec, sp).run
+        rates = script[c]
+        seen = sum(w.candidate == c for w in rec.windows)
+        r = rates[min(seen, len(rates) - 1)]
+        rec.windows.append(Window(c, round(r * 0.1), 0.1, 0.05))
+    return decide(rec, sp)
+
+
+def test_a_lead_of_less_than_two_margins_must_hold_over_another_round():
+    """Four threads lead two by 8% over one round, where the margin is 5% (like
+    windows read alike): noise gives such a lead to about one duel in six, so the
+    duel goes on; over the next rounds they read level, and two threads stay."""
+    sp = space(2, pool=4)
+    script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1080.0, 1080.0, 1000.0]}
+    d = _scripted(sp, script, 7)  # the bottom duel, then one round of 2 against 4
+    assert not d.settled and d.choice == threads(2) and d.rival == threads(4), d
+    d = _scripted(sp, script, 40)
+    assert d.settled and d.choice == threads(2) and d.reason is Reason.CHEAPER, d
+    assert d.duels[-1].dear == threads(4) and d.duels[-1].winner == threads(2)
+
+
+def test_a_lead_of_more_than_two_margins_wins_after_one_round():
+    sp = space(2, pool=4)
+    script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1150.0, 1150.0, 1000.0]}
+    d = _scripted(sp, script, 40)
+    assert d.choice == threads(4) and d.reason is Reason.FASTER, d
+    assert d.duels[-1].dear == threads(4) and d.duels[-1].winner == threads(4)
 
 
 def test_rows_that_wait_use_little_cpu_and_still_get_more_threads():

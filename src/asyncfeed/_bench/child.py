@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from . import contenders
-from .augment import NormalizedRows, normalized
+from .augment import NormalizedRows, normalized, reserve
 from .limit import run_limit
 from .workloads import build_dataset
 
@@ -50,6 +50,7 @@ def _limit(spec: dict, dataset: Any, order: list[int]) -> dict:
     marks: list[dict] = []
     if spec["dataset"].get("normalize"):
         dataset = NormalizedRows(dataset)
+        reserve(1, (3, spec["dataset"]["size"], spec["dataset"]["size"]))  # before the fork
     out = run_limit(dataset, order, spec["procs"],
                     pause=(lambda: _pause("end", marks)) if spec.get("pause", True) else None)
     return {**out, "marks": marks}
@@ -64,6 +65,8 @@ def execute(spec: dict) -> dict:
     family, knob = spec["family"], spec.get("knob")
     if family in ("torchdata", "spdl"):  # import outside the measured window
         __import__(contenders.REQUIRES[family])
+    if spec["dataset"].get("normalize"):  # the consumer's buffer, as a training loop has it
+        reserve(spec["batch_size"], (3, spec["dataset"]["size"], spec["dataset"]["size"]))
     gc.collect()
     marks: list[dict] = []
     if spec.get("pause", True):

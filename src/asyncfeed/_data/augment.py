@@ -33,7 +33,7 @@ import numpy as np
 import simplejpeg
 
 from .image import (_JPEG_MAGIC, Interpolation, MaxPixels, _decode_pillow, _opencv,
-                    check_pixels, hwc_to_chw, pixel_limit)
+                    check_pixels, hwc_to_chw, pixel_limit, preload_resize)
 
 __all__ = ["RandomResizedCrop", "RandomResizedCropDecoder", "Window",
            "decode_random_resized_crop", "draw_window", "resolve_seed", "sample_uniforms"]
@@ -310,6 +310,8 @@ class RandomResizedCropDecoder:
         self.max_pixels: MaxPixels = max_pixels
         self.seed = resolve_seed(seed)
         self.epoch = 0
+        preload_resize()
+        import numpy.random  # noqa: F401 (numpy loads it on first use: now, not in a pass)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the windows of ``epoch`` from now on (a non-negative int)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .image import (Interpolation, MaxPixels, check_interpolation, check_size, decode_image,
-                    pixel_limit)
+                    pixel_limit, preload_resize)
 
 
 class ImageDecoder:
@@ -28,6 +28,8 @@ class ImageDecoder:
         self.size = None if size is None else int(size)
         self.interpolation: Interpolation = interpolation
         self.max_pixels: MaxPixels = max_pixels
+        if self.size is not None:
+            preload_resize()
 
     def __call__(self, raw: bytes) -> torch.Tensor:
         return torch.from_numpy(decode_image(raw, self.size, interpolation=self.interpolation,

@@ -43,13 +43,22 @@ def _opencv() -> ModuleType:
     """OpenCV, imported on first use: it is the costliest import of ``import asyncfeed``
     otherwise (~15-30 ms and ~4,000 objects here), and a loader with ``size=None``
     never needs it.  Its process-wide thread count is left alone (see the module
-    docstring)."""
+    docstring).  Decoders that resize import it when they are made
+    (:func:`preload_resize`)."""
     global _cv2
     if _cv2 is None:
         with _CV2_IMPORT:
             if _cv2 is None:
                 _cv2 = _import_opencv()
     return _cv2
+
+
+def preload_resize() -> None:
+    """Import OpenCV now, for a decoder that will resize.  Made with the data set, the
+    import is done before any pass: in a pass's first rows it would hold the GIL
+    (and the import lock) for every decode thread at once, and be part of what the
+    first windows of the execution choice measure."""
+    _opencv()
 
 
 _CV2_IMPORT = threading.Lock()

@@ -22,12 +22,13 @@ spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
 only where its median rate beats the cheaper one's by more than that margin;
-otherwise the cheaper one stays.  Where the dearer one read faster but inside
-the margin, the duel goes on for another round of windows (up to
-``max_rounds``) before the cheaper one stays; a rival whose first window reads
-below every window of the choice by more than their spread loses at once
-(unless the rival is processes, which may still be starting).  A cheaper side that keeps up with the
-consumer (its rate within the margin of the consumer's own pace) stays
+otherwise the cheaper one stays.  Where the dearer one read faster, but by
+less than twice the margin (noise alone gives a lead of one margin in about
+one duel of six), the duel goes on for another round of windows, judged on all
+of them (up to ``max_rounds``), before it is decided; a rival whose first
+window reads below every window of the choice by more than their spread loses
+at once (unless the rival is processes, which may still be starting).  A
+cheaper side that keeps up with the consumer (its rate within the margin of the consumer's own pace) stays
 whatever the dearer reads: the consumer takes no more.  Signals (the GIL
 probe, a row's CPU time) explain the choice in ``stats()``; they never decide.
 
@@ -44,9 +45,11 @@ The search, replayed from the record by :func:`decide` (a pure function):
    ladder (half the threads, ...) while the cheaper one stays;
 3. *up*: if no cheaper count won, duel the next dearer one while it wins --
    unless the choice already runs the rows at the cores' rate: one process's
-   threads use at most ``min(threads, cores)`` cores, each at most at the most
-   rows per CPU second a thread window read, so where the choice's rate is
-   within the margin of that bound, more threads cannot win;
+   threads use at most ``min(threads, cores left)`` cores (the cores less what
+   the consumer and the hand-offs keep busy, as in step 4), each at most at the
+   rows per CPU second the thread windows read together, so where
+   the choice's rate is within the margin of that bound, more threads cannot
+   win;
 4. *processes*: duel the best so far against the process candidate, unless the
    measured rates leave processes no room: ``min(cores left, workers)``
    processes cannot go faster than that many times one thread's measured rate
@@ -58,8 +61,9 @@ The search, replayed from the record by :func:`decide` (a pure function):
    One thread's rate is measured for this where no duel did.
 5. *inline*: where one thread or processes won, duel inline (the consumer
    loads the rows itself) against it -- unless processes won at a rate beyond
-   one core's rate of the rows (rows per CPU second of the thread windows, plus
-   the margin): inline runs them on one thread, so it cannot win.  Processes
+   one core's rate of the rows (the most rows per CPU second of a thread
+   window, plus the margin): inline runs them on one thread, so it cannot win.
+   Processes
    come before inline so that rows whose threads do not scale reach processes
    after one duel.
 
@@ -114,9 +118,10 @@ class PolicyConfig:
     are not used (threads waking, the buffers filling).  ``start_attempts``:
     how often the process candidate may fail to start (the decode threads did
     not go quiet for the fork) before it counts as unavailable.  ``max_rounds``:
-    a duel whose dearer side read faster, but inside the margin, is measured
-    again with as many windows more, up to this many rounds, before the cheaper
-    stays (the means firm up; the spread, a mean of steps, does not grow).
+    a duel whose dearer side read faster, but by less than twice the margin, is
+    measured again with as many windows more, up to this many rounds, before it
+    is decided (the medians firm up; the spread, a median of steps, does not
+    grow).
     """
 
     window_s: float | None = None
@@ -161,8 +166,8 @@ class Decision:
     ``NO_ROOM`` where processes won by more than one core's rate of the rows, which
     is all inline can run; else None.  ``threads_skipped``: ``NO_ROOM`` where more
     threads were not measured because the rows already ran at the cores' rate
-    (rows per CPU second of the thread windows times the cores, less the margin);
-    else None."""
+    (rows per CPU second of the thread windows together, times the cores left to
+    them, less the margin); else None."""
 
     run: Candidate
     choice: Candidate
@@ -214,6 +219,15 @@ def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
     return Duel(cheap[0].candidate, dear[0].candidate, rc, rd, margin, winner)
 
 
+def _unsure(duel: Duel) -> bool:
+    """Whether a duel's windows leave its outcome open: the dearer read faster, but
+    within the margin (it would lose), or by less than twice the margin (it would
+    win).  Each side's rate is a median of a few windows, and the margin is one
+    window's spread, so a lead of one margin is what noise alone gives about one
+    duel in six; within two, the lead must hold over another round's windows."""
+    return duel.cheap_rate < duel.dear_rate <= duel.cheap_rate * (1 + 2 * duel.margin)
+
+
 class _Replay:
     """The search of the module docstring, stepped window by window."""
 
@@ -263,32 +277,41 @@ class _Replay:
         return max(self.margin, self.config.min_margin)
 
     def _core_rate(self) -> float:
-        """The most rows per CPU second any thread window of this search read (0:
-        none knows its CPU): the most one core runs the rows at."""
-        return max((w.core_rate for w in self.fresh if w.candidate.mode is Mode.THREADS),
-                   default=0.0)
+        """Rows per CPU second over every thread window of this search together (0:
+        none knows its CPU): what one core runs the rows at.  Pooled, not window by
+        window: a window's CPU is that of the tasks that ended in it, so a short
+        window reads a task more or less than it ran, and the most of many such
+        readings would be their noise."""
+        ws = [w for w in self.fresh if w.candidate.mode is Mode.THREADS and w.cpu > 0]
+        cpu = sum(w.cpu for w in ws)
+        return sum(w.rows for w in ws) / cpu if cpu > 0 else 0.0
 
     def _beyond_one_core(self) -> bool:
-        """Whether the choice's rate is beyond what one core can run the rows at
-        (:meth:`_core_rate`), plus the margin.  Inline runs the rows on the
-        consumer's thread alone (with its own work besides), so it cannot reach
-        that rate.  False where no thread window knows its CPU."""
-        per_core = self._core_rate()
+        """Whether the choice's rate is beyond what one core can run the rows at,
+        plus the margin: the most rows per CPU second any one thread window read.
+        Inline runs the rows on the consumer's thread alone (with its own work
+        besides), so it cannot reach that rate.  The most of the windows, not
+        their pooled rate (:meth:`_core_rate`): inline skips the hand-off a
+        thread's task pays per row, which for tiny rows is a good part of their
+        CPU, so this bound leans high.  False where no thread window knows its CPU."""
+        per_core = max((w.core_rate for w in self.fresh if w.candidate.mode is Mode.THREADS),
+                       default=0.0)
         if not per_core or self.choice_rate is None:
             return False
         return self.choice_rate > per_core * (1 + self._margin())
 
     def _beyond_reach(self, more: Candidate) -> bool:
         """Whether ``more`` threads cannot beat the choice by the margin: one process's
-        threads run the rows on at most ``min(threads, cores)`` cores, each at most
-        at :meth:`_core_rate`.  Where the choice's rate is within the margin of that
-        bound, the rows already take every core they can have.  False where no
-        thread window knows its CPU (rows that wait on storage use little CPU: the
-        bound is far above them)."""
+        threads run the rows on at most ``min(threads, cores left)`` cores (what the
+        consumer and the hand-offs keep busy stays theirs: :meth:`_cores_left`),
+        each at most at :meth:`_core_rate`.  Where the choice's rate is within the
+        margin of that bound, the rows already take every core they can have.
+        False where no thread window knows its CPU (rows that wait on storage use
+        little CPU: the bound is far above them)."""
         per_core = self._core_rate()
         if not per_core or self.choice_rate is None:
             return False
-        bound = min(more.count, self.space.cores) * per_core
+        bound = min(more.count, self._cores_left()) * per_core
         return self.choice_rate * (1 + self._margin()) >= bound
 
     def _cores_left(self) -> float:
@@ -428,9 +451,9 @@ class _Replay:
             if not self._hopeless():
                 return
         duel = judge(self.mine, self.theirs, self.config)
-        if len(self.theirs) >= n and duel.winner == duel.cheap \
-                and duel.cheap_rate < duel.dear_rate and self.round < self.config.max_rounds:
-            self.round += 1  # the dearer read faster, inside the noise: measure more
+        if len(self.theirs) >= n and self.round < self.config.max_rounds \
+                and _unsure(duel):
+            self.round += 1  # the dearer read faster, not clearly beyond the noise
             return
         self.duels.append(duel)
         self.tried.update((self.rival, self.choice))
