@@ -363,6 +363,15 @@ def test_a_lead_of_less_than_two_margins_must_hold_over_another_round():
     assert d.duels[-1].dear == threads(4) and d.duels[-1].winner == threads(2)
 
 
+def test_a_lead_inside_the_margin_is_not_measured_again():
+    """Four threads read 3% above two, inside the 5% margin: the cheaper stays
+    after one round of the duel, not after three."""
+    sp = space(2, pool=4)
+    script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1030.0]}
+    d = _scripted(sp, script, 7)  # the bottom duel, then one round of 2 against 4
+    assert d.settled and d.choice == threads(2) and d.reason is Reason.CHEAPER, d
+
+
 def test_a_lead_of_more_than_two_margins_wins_after_one_round():
     sp = space(2, pool=4)
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1150.0, 1150.0, 1000.0]}

@@ -22,15 +22,16 @@ spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
 only where its median rate beats the cheaper one's by more than that margin;
-otherwise the cheaper one stays.  Where the dearer one read faster, but by
-less than twice the margin (noise alone gives a lead of one margin in about
-one duel of six), the duel goes on for another round of windows, judged on all
-of them (up to ``max_rounds``), before it is decided; a rival whose first
+otherwise the cheaper one stays.  Where the dearer one beat it by the margin
+but by less than twice the margin (noise alone gives a lead of one margin in
+about one duel of six), the duel goes on for another round of windows, judged
+on all of them (up to ``max_rounds``), before it is decided; a rival whose first
 window reads below every window of the choice by more than their spread loses
 at once (unless the rival is processes, which may still be starting).  A
-cheaper side that keeps up with the consumer (its rate within the margin of the consumer's own pace) stays
-whatever the dearer reads: the consumer takes no more.  Signals (the GIL
-probe, a row's CPU time) explain the choice in ``stats()``; they never decide.
+cheaper side that keeps up with the consumer (its rate within the margin of
+the consumer's own pace) stays whatever the dearer reads: the consumer takes
+no more.  Signals (the GIL probe, a row's CPU time) explain the choice in
+``stats()``; they never decide.
 
 The search, replayed from the record by :func:`decide` (a pure function):
 
@@ -118,10 +119,10 @@ class PolicyConfig:
     are not used (threads waking, the buffers filling).  ``start_attempts``:
     how often the process candidate may fail to start (the decode threads did
     not go quiet for the fork) before it counts as unavailable.  ``max_rounds``:
-    a duel whose dearer side read faster, but by less than twice the margin, is
-    measured again with as many windows more, up to this many rounds, before it
-    is decided (the medians firm up; the spread, a median of steps, does not
-    grow).
+    a duel whose dearer side beat the cheaper by the margin, but by less than
+    twice the margin, is measured again with as many windows more, up to this
+    many rounds, before it is decided (the medians firm up; the spread, a median
+    of steps, does not grow).
     """
 
     window_s: float | None = None
@@ -220,12 +221,15 @@ def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
 
 
 def _unsure(duel: Duel) -> bool:
-    """Whether a duel's windows leave its outcome open: the dearer read faster, but
-    within the margin (it would lose), or by less than twice the margin (it would
-    win).  Each side's rate is a median of a few windows, and the margin is one
-    window's spread, so a lead of one margin is what noise alone gives about one
-    duel in six; within two, the lead must hold over another round's windows."""
-    return duel.cheap_rate < duel.dear_rate <= duel.cheap_rate * (1 + 2 * duel.margin)
+    """Whether a duel's windows leave its outcome open: the dearer beat the cheaper
+    by more than the margin (it would win), but by less than twice the margin.
+    Each side's rate is a median of a few windows, and the margin is one window's
+    spread, so a lead of one margin is what noise alone gives about one duel in
+    six: such a lead must hold over another round's windows.  A lead inside the
+    margin is not measured again: the cheaper stays, as it would after more
+    rounds of two candidates that read alike."""
+    return duel.cheap_rate * (1 + duel.margin) < duel.dear_rate \
+        <= duel.cheap_rate * (1 + 2 * duel.margin)
 
 
 class _Replay:
