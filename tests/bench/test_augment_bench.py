@@ -97,7 +97,8 @@ def test_real_runs_give_normalized_float_batches(folder):
 
 def test_the_consumers_normalize_is_asyncfeeds_on_one_thread_into_one_buffer(monkeypatch):
     """On the CPU the bench's consumer normalizes on one thread, into one reused
-    float buffer per batch shape (as a CPU training loop keeps its input)."""
+    float buffer per row shape (as a CPU training loop keeps its input), whose
+    start serves a shorter batch, and which ``reserve`` makes before a run."""
     x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     from asyncfeed import normalize
     from asyncfeed._data import normalize as module
@@ -113,8 +114,15 @@ def test_the_consumers_normalize_is_asyncfeeds_on_one_thread_into_one_buffer(mon
         again = augment.normalized(x.flip(0))
         assert again.data_ptr() == first.data_ptr()         # the same buffer
         assert torch.equal(again, normalize(x.flip(0)))
-        other = augment.normalized(x[:1])                   # another shape: its own
+        other = augment.normalized(x[:1])                   # a short batch: its start
         assert other.shape == (1, 3, 4, 4) and torch.equal(other, normalize(x[:1]))
+        assert other.data_ptr() == first.data_ptr()
+        augment.reserve(4, (3, 4, 4))                       # made before a run
+        made = augment._OUT[(3, 4, 4)]
+        assert made.shape == (4, 3, 4, 4) and not made.any()
+        assert augment.normalized(x).data_ptr() == made.data_ptr()
+        wide = augment.normalized(torch.zeros(1, 3, 5, 5, dtype=torch.uint8))  # other rows
+        assert wide.shape == (1, 3, 5, 5)
     finally:
         torch.set_num_threads(before)
     f = torch.zeros(2, 3, 4, 4)

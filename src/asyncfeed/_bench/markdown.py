@@ -78,6 +78,7 @@ run are marked `~`.
 - **(e)** the folder over loopback HTTP, a server process with a latency per request.
 - **(f)** a CIFAR-like set in RAM: samples so small that the loader's own cost decides.
 - **(g)** PIL decode and torchvision-style augmentation to float32.
+- **(h)** training augmentation fused into decoding, against PIL and torchvision ([augmentation.md](augmentation.md)).
 - **(overhead)** a no-op data set: the loader's own cost per sample.
 - **(ceiling)** samples that sleep 5 ms with the GIL released, by thread count.
 
