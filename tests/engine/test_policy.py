@@ -526,6 +526,7 @@ class _Control:
         self.core_rate = 0.0  # rows per CPU second in threads (0: not counted)
         self.pcpu = 0.0       # the whole process's CPU
         self.other_cores = 0.0  # cores the process keeps busy besides the rows
+        self.tasks_running = 0  # what running() answers
 
     def waited(self) -> float:
         return self.clock[0]  # the consumer only waits: the loader is the bottleneck
@@ -535,6 +536,9 @@ class _Control:
 
     def draining(self) -> bool:
         return self.drain_until > self.clock[0]
+
+    def running(self) -> int:
+        return self.tasks_running
 
     def rows_cpu(self) -> float:
         return self.cpu
@@ -569,6 +573,41 @@ def _ticks(ch: Chooser, ctl: _Control, n: int) -> None:
     for _ in range(n):
         ctl.advance(0.02)
         ch.tick()
+
+
+def test_a_window_after_a_switch_leaves_out_the_tasks_started_before_it():
+    """From two threads to one, both threads' tasks still run: the window of one
+    thread opens once two completions came in, so the second thread's last task
+    is not counted as one thread's; with one task running it opens at the first."""
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(gil_free(2), clock)
+    ch.begin_pass(ctl)
+    while ch.current != threads(1):
+        ctl.tasks_running = 2
+        ctl.advance(0.02)
+        ch.tick()
+    switched_at = ctl.events
+    ctl.tasks_running = 1
+    ctl.clock[0] += 0.001
+    ctl.events += 1              # the first of the two tasks ends
+    ctl.last = ctl.clock[0]
+    ch.tick()
+    assert ch._w0 is None        # not yet: the other task started under two threads
+    ctl.clock[0] += 0.001
+    ctl.events += 1              # the second ends: the window opens here
+    ctl.last = ctl.clock[0]
+    ch.tick()
+    assert ch._w0 is not None and ch._w0.events == switched_at + 2
+    # a switch with one task running opens at the first completion
+    ch._switch(threads(2))
+    ctl.tasks_running = 1
+    ch._switch(threads(1))
+    ctl.events += 1
+    ctl.clock[0] += 0.001
+    ctl.last = ctl.clock[0]
+    ch.tick()
+    assert ch._w0 is not None and ch._w0.events == ctl.events
 
 
 def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():

@@ -67,6 +67,10 @@ class ExecutionControl(Protocol):
         work, the loader's, the rows'), on any monotonic origin."""
         ...
 
+    def running(self) -> int:
+        """How many of the pass's tasks its decode threads run now (0 with none)."""
+        ...
+
     def draining(self) -> bool:
         """Whether rows started under an earlier candidate still run (a process
         stage left with tasks in hand): their replies compete with the candidate
@@ -288,9 +292,12 @@ class Chooser:
         self._carried = _Mark()
         # the next window opens at the first completion under ``c``: switched to inline
         # with the credit full, the consumer first takes the ready batches and loads
-        # nothing, and that time is not inline's
+        # nothing, and that time is not inline's.  The tasks the threads run now were
+        # started under the candidate before: it opens once as many completions came
+        # in (from two threads to one, the second thread's last task would otherwise
+        # count as the one thread's)
         self._w0 = None
-        self._opens_after = control.completed()[1]
+        self._opens_after = control.completed()[1] + max(0, control.running() - 1)
 
     def _failed(self, c: Candidate) -> None:
         """``c`` could not start: count it (``start_attempts`` of them make processes

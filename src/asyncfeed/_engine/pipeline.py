@@ -270,6 +270,11 @@ class Pipeline(BatchHandoff):
         ``chooser.ExecutionControl``)."""
         return time.process_time()
 
+    def running(self) -> int:
+        """Decode tasks running in the pool's threads now (see
+        ``chooser.ExecutionControl``)."""
+        return self.runtime.pool.running()
+
     def draining(self) -> bool:
         """Whether a process stage this pass left still runs rows of it (see
         ``chooser.ExecutionControl``)."""

@@ -142,6 +142,11 @@ class TaskPool:
             if gate is not None:
                 gate.leave()
 
+    def running(self) -> int:
+        """How many tasks the pool's threads run now (read without a lock: a task that
+        starts or ends meanwhile may or may not be counted)."""
+        return sum(self._busy)
+
     def run_one(self) -> bool:
         """Run one queued task in the calling thread; False if none was queued.  For
         the consumer, which loads rows itself while it waits when they are too
