@@ -652,6 +652,24 @@ def test_a_short_dip_of_a_settled_rate_is_not_a_drift():
     assert ch.record.recheck_at == [] and ch.current == threads(2)
 
 
+def test_a_rate_that_rises_as_the_process_warms_up_is_not_a_drift():
+    """The settled choice's first windows read 12% below what it reads from then on
+    (the process still warming: its allocator, its caches).  The rate it is judged
+    against is the median of as many settled windows as the drift, so a handful of
+    early windows does not set it: nothing is re-checked."""
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    warm = {"factor": 1 / 1.12}
+    ctl = _Control(lambda c: gil_free(2)(c) * warm["factor"], clock)
+    ch.begin_pass(ctl)
+    while ch.exploring:
+        _ticks(ch, ctl, 1)
+    _ticks(ch, ctl, 5)
+    warm["factor"] = 1.0
+    _ticks(ch, ctl, 600)
+    assert ch.record.recheck_at == [] and ch.current == threads(2)
+
+
 def test_no_window_opens_while_a_stage_that_was_left_still_runs_rows():
     """Leaving processes, the workers finish the rows they hold and their replies
     compete with the candidate now running: its windows start once they are in."""

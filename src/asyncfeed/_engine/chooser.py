@@ -144,7 +144,9 @@ class Chooser:
         self._since_check = 0
         self._check_wait = config.recheck_windows
         # the settled choice's own rate, read from its first settled windows (the
-        # duel's windows alternated with other candidates' and ran in a cold pass)
+        # duel's windows alternated with other candidates' and ran in a cold pass),
+        # as many as the drift is then judged on: a few windows read while the
+        # process still warms up sit below what it reads a second later
         self._baseline: list[float] = []
         self._requested: Candidate | None = None
 
@@ -313,13 +315,12 @@ class Chooser:
 
     def _watch(self, window: Window) -> None:
         """A settled window: re-check the choice (bounded) when the median of the
-        last ``_check_wait`` settled windows drifted from the rate its first settled
-        windows read."""
+        last ``_check_wait`` settled windows drifted from the rate its first
+        ``_check_wait`` settled windows read."""
         d = self.decision
         if d.choice_rate is None:
             return
-        n = 2 * self.config.like_windows
-        if len(self._baseline) < n:
+        if len(self._baseline) < self._check_wait:
             self._baseline.append(window.rate)
             return
         base = statistics.median(self._baseline)
