@@ -248,27 +248,41 @@ def test_s3_stall_after_headers_is_abandoned_while_slow_reads_stream(image_tree,
     """The signed S3 GETs go through the same client: a stall after the headers is told
     from slow but steady bodies there too (stall_factor=4, as above: a rule on whole
     attempts would wait past the hard timeout)."""
-    src = fast_source(s3_tree, storage_options=s3_options(s3_proxy.url.rstrip("/")),
-                      timeout=2.5, hedge=False, stall_factor=4.0)
-    urls = _files(src)
-    base = s3_tree + "/"
-    target = urls[4]
-    rel = "asyncfeed-test/images/" + target[len(base):]
-    s3_proxy.add_fault(rel, "stall", times=1)
-    _trickle_everything(s3_proxy, [len(_local(image_tree, u, base)) for u in urls])
+    hard, factor = 2.5, 4.0
 
-    async def main():
-        out = await asyncio.gather(*(src.read(u) for u in urls))
-        await src.close_io()
-        return out
+    def run():
+        src = fast_source(s3_tree, storage_options=s3_options(s3_proxy.url.rstrip("/")),
+                          timeout=hard, hedge=False, stall_factor=factor)
+        urls = _files(src)
+        base = s3_tree + "/"
+        rel = "asyncfeed-test/images/" + urls[4][len(base):]
+        s3_proxy.clear_faults()  # (a first run's: the first fault that applies wins)
+        s3_proxy.reset_counts()
+        s3_proxy.add_fault(rel, "stall", times=1)
+        _trickle_everything(s3_proxy, [len(_local(image_tree, u, base)) for u in urls])
 
-    out = asyncio.run(main())
-    for u, data in zip(urls, out):
-        assert data == _local(image_tree, u, base)
+        async def main():
+            out = await asyncio.gather(*(src.read(u) for u in urls))
+            await src.close_io()
+            return out
+
+        out = asyncio.run(main())
+        for u, data in zip(urls, out):
+            assert data == _local(image_tree, u, base)
+        return src, rel
+
+    src, rel = run()
+    guard = src._guards["file"]  # what the adaptive timeout had seen
+    if src.read_stats().stalls == 0 and (guard._ttfb.quantile(0.99) or 0.0) * factor >= hard:
+        # the premise did not hold: the headers took so long on this (loaded) machine
+        # that factor x their p99 reached the hard timeout, where the silence rule
+        # rightly stands down; once more, then it must hold
+        src.close()
+        src, rel = run()
+        guard = src._guards["file"]
     stats = src.read_stats()
-    guard = src._guards["file"]  # on a failure: what the adaptive timeout had seen
     assert (stats.stalls, stats.retries, stats.hedges) == (1, 1, 0), \
-        (stats, guard.limits(2.5), len(guard._ttfb._sorted), len(guard._latency._sorted))
+        (stats, guard.limits(hard), len(guard._ttfb._sorted), len(guard._latency._sorted))
     assert s3_proxy.count(rel) == 2
     src.close()
     _settle()
