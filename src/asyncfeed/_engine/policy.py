@@ -70,8 +70,8 @@ The search, replayed from the record by :func:`decide` (a pure function):
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of the last
-``recheck_windows`` settled windows (as many as the wait below) leaves the rate
-of its first settled windows by more than twice the duel's margin
+``recheck_windows`` settled windows (as many as the wait below) leaves the
+median of its first as many settled windows by more than twice the duel's margin
 (:func:`drifted`, read by the chooser), the choice is *re-checked* with its
 neighbours (one rung each way, processes, inline): a dip shorter than half
 those windows does not move their median.  Re-checks wait ``recheck_windows``
