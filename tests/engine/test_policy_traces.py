@@ -42,6 +42,12 @@ def _decided():
         yield path.stem, rec, sp, decide(rec, sp)
 
 
+def _skipping(skip: str):
+    """The replayed traces whose decision skipped a duel (``skip``: the decision's
+    ``inline_skipped`` or ``threads_skipped``): (name, record, space, decision)."""
+    return [t for t in _decided() if getattr(t[3], skip) is not None]
+
+
 def _core_rate(rec: Record) -> float:
     """The most rows per CPU second a thread window of ``rec`` read."""
     return max(w.rows / w.cpu for w in rec.windows
@@ -112,14 +118,11 @@ def test_inline_is_skipped_only_where_processes_read_beyond_one_core():
     """Where a recorded run skipped inline, the processes' rate was above the most
     rows per CPU second any of its thread windows read; at least one quiet run with
     pure Python rows skipped it."""
-    skipped = []
-    for stem, rec, sp, d in _decided():
-        if d.inline_skipped is None:
-            continue
-        skipped.append(stem)
+    skipped = _skipping("inline_skipped")
+    for stem, rec, sp, d in skipped:
         assert d.choice.mode is Mode.PROCESSES and d.choice_rate is not None
         assert d.choice_rate > _core_rate(rec) * (1 + PolicyConfig().min_margin), stem
-    assert "gil-quiet-0" in skipped, skipped
+    assert "gil-quiet-0" in [t[0] for t in skipped], skipped
 
 
 def test_more_threads_are_skipped_only_where_the_rows_ran_at_every_cores_rate():
@@ -128,11 +131,8 @@ def test_more_threads_are_skipped_only_where_the_rows_ran_at_every_cores_rate():
     process spent besides them, under the choice) times the rows per CPU second
     of the thread windows together; the quiet run of GIL-free hashing skipped
     them."""
-    skipped = []
-    for stem, rec, sp, d in _decided():
-        if d.threads_skipped is None:
-            continue
-        skipped.append(stem)
+    skipped = _skipping("threads_skipped")
+    for stem, rec, sp, d in skipped:
         assert d.choice.mode is Mode.THREADS and d.choice_rate is not None
         other = statistics.median(w.other_cores for w in rec.windows
                                   if w.candidate == d.choice and w.other_cores > 0)
@@ -140,4 +140,4 @@ def test_more_threads_are_skipped_only_where_the_rows_ran_at_every_cores_rate():
         assert d.choice_rate * (1 + d.margin) >= bound, stem
         assert not any(w.candidate.mode is Mode.THREADS and w.candidate.count > d.choice.count
                        for w in rec.windows), stem
-    assert "sha-quiet-0" in skipped, skipped
+    assert "sha-quiet-0" in [t[0] for t in skipped], skipped

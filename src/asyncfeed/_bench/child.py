@@ -44,13 +44,21 @@ def _images(batch: Any) -> Any:
     return batch
 
 
+def _reserve_consumer(spec: dict, rows: int) -> None:
+    """Workload h: make the consumer's float buffer for ``rows`` rows before the run,
+    as a training loop has its input buffer (see ``augment.reserve``)."""
+    if spec["dataset"].get("normalize"):
+        size = spec["dataset"]["size"]
+        reserve(rows, (3, size, size))
+
+
 def _limit(spec: dict, dataset: Any, order: list[int]) -> dict:
     """The limit line's figures: ``dataset[i]`` over ``order`` in ``spec["procs"]``
     processes, no loader (workload h's rows then normalized, as its consumer does)."""
     marks: list[dict] = []
     if spec["dataset"].get("normalize"):
         dataset = NormalizedRows(dataset)
-        reserve(1, (3, spec["dataset"]["size"], spec["dataset"]["size"]))  # before the fork
+    _reserve_consumer(spec, 1)  # before the fork: one row at a time
     out = run_limit(dataset, order, spec["procs"],
                     pause=(lambda: _pause("end", marks)) if spec.get("pause", True) else None)
     return {**out, "marks": marks}
@@ -65,8 +73,7 @@ def execute(spec: dict) -> dict:
     family, knob = spec["family"], spec.get("knob")
     if family in ("torchdata", "spdl"):  # import outside the measured window
         __import__(contenders.REQUIRES[family])
-    if spec["dataset"].get("normalize"):  # the consumer's buffer, as a training loop has it
-        reserve(spec["batch_size"], (3, spec["dataset"]["size"], spec["dataset"]["size"]))
+    _reserve_consumer(spec, spec["batch_size"])
     gc.collect()
     marks: list[dict] = []
     if spec.get("pause", True):

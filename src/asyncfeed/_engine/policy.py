@@ -315,8 +315,12 @@ class _Replay:
         per_core = self._core_rate()
         if not per_core or self.choice_rate is None:
             return False
-        bound = min(more.count, self._cores_left()) * per_core
-        return self.choice_rate * (1 + self._margin()) >= bound
+        return self._reaches(min(more.count, self._cores_left()) * per_core)
+
+    def _reaches(self, bound: float) -> bool:
+        """Whether the choice's rate is within the margin of ``bound``, the most a
+        dearer candidate could deliver: it cannot beat the choice by the margin."""
+        return (self.choice_rate or 0.0) * (1 + self._margin()) >= bound
 
     def _cores_left(self) -> float:
         """The cores worker processes could have: the cores, less what this process
@@ -373,9 +377,7 @@ class _Replay:
             if self._one_thread_rate() is None:
                 self.soloing = True
                 return None
-            best = self.choice_rate or 0.0
-            bound = min(self._cores_left(), p.count) * (self._one_thread_rate() or 0.0)
-            if best * (1 + self._margin()) >= bound:
+            if self._reaches(min(self._cores_left(), p.count) * (self._one_thread_rate() or 0.0)):
                 self.skipped = Reason.NO_ROOM
                 return None
         return p
