@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader, Mode, Reason
+from asyncfeed._engine.readings import Handoff
 from support.oracle import assert_same_batches
 
 
@@ -98,9 +99,36 @@ class Free:
         return torch.tensor([i % 7, i])
 
 
-def _settle(al: AsyncLoader, ds, batch_size: int, passes: int = 30, step=None) -> None:
+class ManyFree(Free):
+    """Rows that cost nothing, enough of them that a pass measures its candidates."""
+
+    def __len__(self) -> int:
+        return 20_000
+
+
+class PickledBack:
+    """Dict rows that cost next to nothing to load but carry 1 MiB each: with a
+    custom ``collate_fn`` a worker process would send each row back pickled,
+    and reading one back costs this process far more than loading it."""
+
+    blob = torch.zeros(1 << 20, dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return 20_000
+
+    def __getitem__(self, i: int) -> dict:
+        return {"blob": self.blob, "i": i}
+
+
+def ids_of(samples: list[dict]) -> torch.Tensor:
+    """A collate_fn that keeps the rows' ids alone."""
+    return torch.tensor([s["i"] for s in samples])
+
+
+def _settle(al: AsyncLoader, ds, batch_size: int, passes: int = 30, step=None,
+            collate_fn=None) -> None:
     """Iterate passes (each checked against DataLoader) until the choice settled."""
-    want = list(DataLoader(ds, batch_size=batch_size))
+    want = list(DataLoader(ds, batch_size=batch_size, collate_fn=collate_fn))
     for _ in range(passes):
         got = []
         for b in al:
@@ -138,6 +166,31 @@ def test_rows_that_overlap_on_threads_never_fork():
         ex = al.stats().execution
         assert al._exec.stage is None
     assert ex.mode is Mode.THREADS and ex.processes_skipped is Reason.NO_ROOM, str(ex)
+
+
+@pytest.mark.timeout(120)
+def test_rows_that_would_come_back_pickled_dearer_than_they_load_never_fork():
+    """Reading a 1 MiB row back from a worker holds this process's GIL longer than
+    loading it here takes: the measured hand-off bounds processes below what one
+    thread delivers, so they are not even started."""
+    ds = PickledBack()
+    with AsyncLoader(ds, batch_size=64, collate_fn=ids_of) as al:
+        _settle(al, ds, 64, collate_fn=ids_of)
+        ex = al.stats().execution
+        assert al._exec.stage is None
+        handoff = al._chooser.record.handoff
+    assert handoff is not None and handoff.unpickle_s > 0, handoff
+    assert ex.processes_skipped is Reason.HANDOFF, str(ex)
+    assert not any(m.candidate.mode is Mode.PROCESSES for m in ex.candidates), str(ex)
+
+
+def test_rows_written_in_place_cost_no_hand_off():
+    """With the default collate and rows of one shape, workers write rows into
+    shared memory: nothing is read back per row."""
+    ds = ManyFree()
+    with AsyncLoader(ds, batch_size=64) as al:
+        _settle(al, ds, 64)
+        assert al._chooser.record.handoff == Handoff.IN_PLACE
 
 
 @pytest.mark.timeout(120)

@@ -124,6 +124,20 @@ def test_other_tensors_go_back_as_multiprocessing_pickles_them(t):
     assert torch.equal(got.detach(), t.detach())
 
 
+def test_the_travel_cost_is_the_least_of_the_rows_that_travel():
+    from asyncfeed._engine.processes.transport import travel_cost
+    small = {"i": 1}
+    big = {"blob": torch.zeros(1 << 22, dtype=torch.uint8)}
+    assert travel_cost([]) is None
+    assert travel_cost([lambda: None]) is None  # cannot be pickled: no bound
+    one = travel_cost([small])
+    assert one is not None and min(one) >= 0
+    alone = travel_cost([big])
+    both = travel_cost([big, small, lambda: None])
+    assert alone is not None and both is not None
+    assert both[0] <= alone[0] and both[1] <= alone[1]
+
+
 def test_rows_reach_shared_memory_not_pickles():
     with AsyncLoader(TupleFixed(96, shape=(3, 16, 16)), batch_size=16,
                      execution="processes") as al:

@@ -14,8 +14,8 @@ import random
 import pytest
 
 from asyncfeed._engine.chooser import Chooser
-from asyncfeed._engine.policy import (INLINE, Candidate, Decision, Mode, PolicyConfig, Reason,
-                                      Record, Space, Window, decide, drifted, judge,
+from asyncfeed._engine.policy import (INLINE, Candidate, Decision, Handoff, Mode, PolicyConfig,
+                                      Reason, Record, Space, Window, decide, drifted, judge,
                                       processes, threads)
 
 CFG = PolicyConfig()
@@ -411,6 +411,75 @@ def test_processes_are_bounded_by_the_cores_the_process_leaves_them():
     assert decide(rec, sp).choice == threads(2)
 
 
+def pickled_dicts(c: int):
+    """Dict rows of 20 us under a custom collate: a worker sends each back pickled,
+    and the hand-off, not the row, limits processes."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 44_000.0
+        if x.mode is Mode.THREADS:
+            return 40_000.0 / (1 + 0.2 * (x.count - 1))
+        return 18_000.0
+    return rate
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_rows_that_travel_dearer_than_their_share_of_the_cores_skip_processes(cores):
+    """Each row costs its own 20 us of CPU and, under processes, 9 us to pickle in
+    a worker and 9 us to unpickle here: on the cores left (2 less half a core)
+    that is at most about 39,000 rows/s, below what one thread delivered; 16 or
+    96 cores leave the unpickling itself, on one thread at a time (the GIL), to
+    bound them: at 30 us a row, below one thread's rate.  No fork to find out."""
+    cost = Handoff(9e-6, 9e-6) if cores == 2 else Handoff(9e-6, 30e-6)
+    sp = space(cores)
+    rec, ran = run(sp, pickled_dicts(cores), 0.02, record=Record(handoff=cost),
+                   core_rate=50_000.0, other_cores=0.5)
+    d = decide(rec, sp)
+    assert d.choice == INLINE and d.processes_skipped is Reason.HANDOFF, d
+    assert not any(c.mode is Mode.PROCESSES for c in ran), ran
+    # not knowing the hand-off, or rows written in place: processes are measured
+    for known in (None, Handoff.IN_PLACE):
+        rec, ran = run(sp, pickled_dicts(cores), 0.02, record=Record(handoff=known),
+                       core_rate=50_000.0, other_cores=0.5)
+        assert any(c.mode is Mode.PROCESSES for c in ran), (known, ran)
+        assert decide(rec, sp).choice == INLINE
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_a_hand_off_cheap_beside_the_row_leaves_processes_to_be_measured(cores):
+    """Rows of a millisecond of pure Python that travel in 20 us: the hand-off
+    leaves processes room, and they win."""
+    sp = space(cores)
+    rec, _ = run(sp, gil_bound(cores), 0.02, record=Record(handoff=Handoff(10e-6, 10e-6)),
+                 core_rate=1000.0, other_cores=0.1)
+    d = decide(rec, sp)
+    assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
+
+
+def test_the_hand_off_travels_with_the_record():
+    rec = Record(handoff=Handoff(1e-5, 2.5e-5))
+    assert Record.from_dict(rec.to_dict()).handoff == Handoff(1e-5, 2.5e-5)
+    old = rec.to_dict()
+    del old["handoff"]  # traces recorded before it was read
+    assert Record.from_dict(old).handoff is None
+
+
+def test_the_chooser_reads_the_hand_off_once_before_its_first_window():
+    """The record replays from its start with the hand-off it holds: read before
+    the first window, never changed after it."""
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(pickled_dicts(2), clock)
+    ctl.core_rate, ctl.other_cores, ctl.travel = 50_000.0, 0.5, Handoff(9e-6, 9e-6)
+    ch.begin_pass(ctl)
+    _ticks(ch, ctl, 3)
+    assert ch.record.windows and ch.record.handoff == Handoff(9e-6, 9e-6)
+    ctl.travel = Handoff.IN_PLACE
+    _ticks(ch, ctl, 400)
+    assert ch.record.handoff == Handoff(9e-6, 9e-6)
+    assert ch.current == INLINE and ch.report().processes_skipped is Reason.HANDOFF
+
+
 def test_the_chooser_reads_the_whole_process_cpu_into_its_windows():
     clock = [0.0]
     ch = Chooser(space(2), clock=lambda: clock[0])
@@ -527,6 +596,7 @@ class _Control:
         self.pcpu = 0.0       # the whole process's CPU
         self.other_cores = 0.0  # cores the process keeps busy besides the rows
         self.tasks_running = 0  # what running() answers
+        self.travel: Handoff | None = None  # what handoff() answers
 
     def waited(self) -> float:
         return self.clock[0]  # the consumer only waits: the loader is the bottleneck
@@ -539,6 +609,9 @@ class _Control:
 
     def running(self) -> int:
         return self.tasks_running
+
+    def handoff(self) -> Handoff | None:
+        return self.travel
 
     def rows_cpu(self) -> float:
         return self.cpu

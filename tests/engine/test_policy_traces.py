@@ -5,7 +5,8 @@ written as users write them, a fresh process, a default ``AsyncLoader`` on this
 project's 2-core machine, alone or beside a busy-looping process started for
 the run (``neighbour``; ``load1`` says how busy the machine was, other work
 included), until its choice settled.  The file holds the chooser's record (every window:
-candidate, rows, seconds, the consumer's wait, the rows' CPU), its space, the choice the live
+candidate, rows, seconds, the consumer's wait, the rows' CPU; the cost of a row's trip
+back from a worker process, in traces recorded since it is read), its space, the choice the live
 run made, and ``expect``: what the readings show, checked by hand when the
 trace was recorded.
 
@@ -98,8 +99,8 @@ def test_no_window_of_a_recorded_run_is_lost_or_foreign(path):
     assert {w.candidate for w in rec.windows} <= allowed
     if rec.failed_starts == 0:
         for k in range(len(rec.windows)):
-            assert decide(Record(rec.windows[:k], rec.recheck_at), sp).run \
-                == rec.windows[k].candidate, k
+            prefix = Record(rec.windows[:k], rec.recheck_at, handoff=rec.handoff)
+            assert decide(prefix, sp).run == rec.windows[k].candidate, k
 
 
 def test_a_duel_is_symmetric_in_its_arguments():

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from .execution_report import ExecutionReport, measured
-from .policy import (Candidate, Decision, Mode, PolicyConfig, Reason, Record, Space, Window,
-                     decide, drifted, fixed)
+from .policy import (Candidate, Decision, Handoff, Mode, PolicyConfig, Reason, Record, Space,
+                     Window, decide, drifted, fixed)
 
 log = logging.getLogger("asyncfeed")
 
@@ -69,6 +69,12 @@ class ExecutionControl(Protocol):
 
     def running(self) -> int:
         """How many of the pass's tasks its decode threads run now (0 with none)."""
+        ...
+
+    def handoff(self) -> Handoff | None:
+        """What a row costs to travel back from a worker process (measured on rows
+        the pass loaded; ``Handoff.IN_PLACE`` where workers write the pass's rows
+        in place); None while not known (consumer thread)."""
         ...
 
     def draining(self) -> bool:
@@ -261,6 +267,9 @@ class Chooser:
         if self._warmup > 0:
             self._warmup -= 1
         elif not self.decision.settled:
+            if not self.record.windows:
+                # read once, before the first window: the whole record replays with it
+                self.record.handoff = control.handoff()
             self.record.windows.append(window)
             self._act()
         else:

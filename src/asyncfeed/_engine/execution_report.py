@@ -66,6 +66,7 @@ class ExecutionReport:
             Reason.CHEAPER: f"no dearer candidate beat it by more than the "
                             f"{self.margin:.0%} noise margin",
             Reason.NO_ROOM: "processes cannot beat it",
+            Reason.HANDOFF: "processes cannot beat it",
             Reason.CONSUMER: "it keeps up with the consumer",
             Reason.UNAVAILABLE: "worker processes could not start",
         }[self.reason]
@@ -77,6 +78,9 @@ class ExecutionReport:
         if self.processes_skipped is Reason.NO_ROOM:
             parts.append("processes not tried: one thread's rate times the cores left to "
                          "them leaves them no room")
+        elif self.processes_skipped is Reason.HANDOFF:
+            parts.append("processes not tried: sending each row back from a worker "
+                         "process costs more than they could gain")
         elif self.processes_skipped is Reason.CONSUMER:
             parts.append("nothing dearer tried: the consumer takes batches no faster")
         elif self.processes_skipped is Reason.UNAVAILABLE:

@@ -42,13 +42,13 @@ from .._memory.device import CopyStream
 from ..protocols import DeviceTransfer
 from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
 from .assemble import assemble
-from .batch import Batch, BatchMode
+from .batch import WRITTEN, Batch, BatchMode
 from .capabilities import Capabilities
 from .executors import Executors, RowExecutor
 from .fetching import FetchStage
 from .handoff import BatchHandoff, BatchMemory, PassConfig
-from .policy import Candidate, Mode
-from .processes import handover
+from .policy import Candidate, Handoff, Mode
+from .processes import handover, transport
 from .readahead import ReadAhead
 from .runtime import Runtime
 from . import samples
@@ -58,6 +58,10 @@ from .tasksize import Gate
 log = logging.getLogger("asyncfeed")
 
 __all__ = ["Pipeline"]
+
+#: rows of a collated batch read back to price the worker processes' hand-off: the
+#: cheapest of a few bounds it (see ``transport.read_back_cost``)
+_PROBE_ROWS = 4
 
 
 class Pipeline(BatchHandoff):
@@ -103,6 +107,9 @@ class Pipeline(BatchHandoff):
         self.completions = 0        # ... reported by this many tasks or worker replies,
         self.last_completion = 0.0  # ... the last at this perf_counter() time
         self.rows_cpu_s = 0.0       # CPU the rows took in this process's threads (cond)
+        # the first rows of a collated batch, for the cost of reading rows back from
+        # worker processes (handoff); () once taken
+        self._probe: list[Any] | tuple[()] | None = None
         self.acct.resources = self._thread_resources = self._resources()
         self.acct.gate = executors.gate  # the running threads are the capacity
         if probe_not_before is not None:  # the loader's budget holds across passes
@@ -275,6 +282,21 @@ class Pipeline(BatchHandoff):
         ``chooser.ExecutionControl``)."""
         return self.runtime.pool.running()
 
+    def handoff(self) -> Handoff | None:
+        """What a row costs to travel back from a worker process: nothing where
+        workers write the pass's rows in place (its batches are ring batches);
+        else measured on the first rows of a batch this pass collated.  None
+        before one was, or for batches of ``__getitems__`` (see
+        ``chooser.ExecutionControl``)."""
+        mode = self._mode_for()
+        if mode is BatchMode.RING:
+            return Handoff.IN_PLACE
+        probe, self._probe = self._probe, ()
+        if mode is not BatchMode.COLLATE or not probe:
+            return None
+        cost = transport.travel_cost([s for s in probe if s is not None and s is not WRITTEN])
+        return Handoff(*cost) if cost is not None else None
+
     def draining(self) -> bool:
         """Whether a process stage this pass left still runs rows of it (see
         ``chooser.ExecutionControl``)."""
@@ -404,6 +426,8 @@ class Pipeline(BatchHandoff):
 
         Once the pass is over nobody takes the batch: it is only marked ready (a
         thread abandoned at exit must not start a collate or a copy)."""
+        if self._probe is None and b.mode is BatchMode.COLLATE:
+            self._probe = b.samples[:_PROBE_ROWS]
         t = self.acct.begin()
         try:
             if b.deferred and b.error is None and not b.mismatch and not self.stopping:

@@ -59,7 +59,13 @@ The search, replayed from the record by :func:`decide` (a pure function):
    rows under the choice (the consumer's own work goes on under processes
    too); where the best rate is already within the margin of that bound the
    duel is skipped.
-   One thread's rate is measured for this where no duel did.
+   One thread's rate is measured for this where no duel did.  Where workers
+   would send each row back pickled (a custom ``collate_fn``: rows are not
+   written in place), the loader's process reads each one back, holding the
+   GIL: ``1 / unpickle_s`` rows a second at most, and each row costs its own
+   CPU, its pickling and its unpickling on the cores left (``Record.handoff``,
+   measured on the pass's own rows before its first window); a choice within
+   the margin of that bound skips the duel too.
 5. *inline*: where one thread or processes won, duel inline (the consumer
    loads the rows itself) against it -- unless processes won at a rate beyond
    one core's rate of the rows (the most rows per CPU second of a thread
@@ -88,12 +94,12 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from .readings import (INLINE, Candidate, Mode, Reason, Record, Space, Window, processes,
-                       threads)
+from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
+                       processes, threads)
 
-__all__ = ["INLINE", "Candidate", "Decision", "Duel", "Mode", "PolicyConfig", "Reason",
-           "Record", "Space", "Window", "decide", "drifted", "fixed", "judge", "processes",
-           "threads"]
+__all__ = ["INLINE", "Candidate", "Decision", "Duel", "Handoff", "Mode", "PolicyConfig",
+           "Reason", "Record", "Space", "Window", "decide", "drifted", "fixed", "judge",
+           "processes", "threads"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,8 @@ class Decision:
     why ``choice`` stands.  ``duels``: the duels judged so far, in order.
     ``margin``: the margin of the last duel; ``choice_rate``: the choice's mean
     rate there.  ``processes_skipped``: why processes were not measured
-    (``NO_ROOM``: the bound; ``UNAVAILABLE``: they could not start), or None.
+    (``NO_ROOM``: the bound of one thread's rate; ``HANDOFF``: the bound of a
+    row's trip back from a worker; ``UNAVAILABLE``: they could not start), or None.
     ``rival``: the candidate the open duel measures against the choice (one thread
     while its rate alone is measured), None when settled.  ``inline_skipped``:
     ``NO_ROOM`` where processes won by more than one core's rate of the rows, which
@@ -235,9 +242,11 @@ def _unsure(duel: Duel) -> bool:
 class _Replay:
     """The search of the module docstring, stepped window by window."""
 
-    def __init__(self, space: Space, config: PolicyConfig, unavailable: bool) -> None:
+    def __init__(self, space: Space, config: PolicyConfig, unavailable: bool,
+                 handoff: Handoff | None = None) -> None:
         self.space = space
         self.config = config
+        self.handoff = handoff
         self.rungs = space.ladder  # threads only: inline has a phase of its own
         self.choice = space.start
         self.reason = Reason.ONLY
@@ -373,6 +382,9 @@ class _Replay:
         p = self.process
         if p is None or p in self.tried or self.choice == p:
             return None
+        if self._reaches(self._handoff_bound()):
+            self.skipped = Reason.HANDOFF
+            return None
         if threads(1) in self.rungs:
             if self._one_thread_rate() is None:
                 self.soloing = True
@@ -381,6 +393,21 @@ class _Replay:
                 self.skipped = Reason.NO_ROOM
                 return None
         return p
+
+    def _handoff_bound(self) -> float:
+        """The most worker processes could deliver where they send rows back pickled
+        (``Record.handoff``): the loader's process unpickles each one holding its
+        GIL, so it reads at most ``1 / unpickle_s`` rows a second whatever the
+        cores; and each row then costs its own CPU (one core's rate of the rows,
+        :meth:`_core_rate`), its pickling and its unpickling, on at most the cores
+        left.  Infinite where rows are written in place or nothing is known."""
+        h = self.handoff
+        if h is None or not h.unpickle_s:
+            return float("inf")
+        per_core = self._core_rate()
+        cpu_bound = self._cores_left() / (1.0 / per_core + h.pickle_s + h.unpickle_s) \
+            if per_core else float("inf")
+        return min(1.0 / h.unpickle_s, cpu_bound)
 
     def _advance(self) -> None:
         """Open the next duel (or one thread's solo windows), or settle."""
@@ -512,7 +539,8 @@ class _Replay:
 def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) -> Decision:
     """What runs next, replayed from ``record`` (pure: the same record, space and
     config always give the same decision)."""
-    r = _Replay(space, config, record.failed_starts >= config.start_attempts)
+    r = _Replay(space, config, record.failed_starts >= config.start_attempts,
+                record.handoff)
     rechecks = set(record.recheck_at)
     for i, w in enumerate(record.windows):
         if i in rechecks and r.settled:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["INLINE", "Candidate", "Mode", "Reason", "Record", "Space", "Window", "processes",
-           "threads"]
+__all__ = ["INLINE", "Candidate", "Handoff", "Mode", "Reason", "Record", "Space", "Window",
+           "processes", "threads"]
 
 
 class Mode(str, enum.Enum):
@@ -64,6 +64,7 @@ class Reason(str, enum.Enum):
     FASTER = "faster"                # it beat the cheaper one by more than the margin
     CHEAPER = "cheaper"              # the dearer one did not beat it by the margin
     NO_ROOM = "no_room"              # processes cannot beat it (the measured bound)
+    HANDOFF = "handoff"              # rows would travel back from processes too dearly
     CONSUMER = "consumer"            # it keeps up with the consumer: nothing dearer can win
     UNAVAILABLE = "unavailable"      # the process candidate could not start
 
@@ -149,20 +150,40 @@ class Space:
         return ((INLINE,) if self.inline else ()) + self.ladder
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """The CPU seconds a row costs to travel from a worker process to the loader's,
+    measured on rows a pass loaded: ``pickle_s`` in the worker, ``unpickle_s`` in
+    the loader's process (holding its GIL).  Both 0 where workers write rows in
+    place (shared memory) instead of sending them."""
+
+    pickle_s: float
+    unpickle_s: float
+
+    IN_PLACE: ClassVar[Handoff]
+
+
+Handoff.IN_PLACE = Handoff(0.0, 0.0)
+
+
 @dataclass
 class Record:
-    """The readings a loader has taken: its windows in order, and the re-checks and
-    failed process starts it asked for.  ``decide`` replays it from the start."""
+    """The readings a loader has taken: its windows in order, the re-checks and
+    failed process starts it asked for, and what worker processes would add per row
+    (``handoff``: None while not known).  ``decide`` replays it from the start."""
 
     windows: list[Window] = field(default_factory=list)
     recheck_at: list[int] = field(default_factory=list)  # window counts that re-checked
     failed_starts: int = 0
+    handoff: Handoff | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Plain data (JSON): for traces replayed in tests and bench reports."""
         return {"windows": [[w.candidate.mode.value, w.candidate.count, w.rows, w.seconds,
                              w.waited, w.cpu, w.process_cpu] for w in self.windows],
-                "recheck_at": list(self.recheck_at), "failed_starts": self.failed_starts}
+                "recheck_at": list(self.recheck_at), "failed_starts": self.failed_starts,
+                "handoff": None if self.handoff is None
+                else [self.handoff.pickle_s, self.handoff.unpickle_s]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
@@ -170,4 +191,6 @@ class Record:
                            float(w[4]) if len(w) > 4 else 0.0,
                            float(w[5]) if len(w) > 5 else 0.0,
                            float(w[6]) if len(w) > 6 else 0.0) for w in d["windows"]],
-                   [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)))
+                   [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)),
+                   None if d.get("handoff") is None
+                   else Handoff(float(d["handoff"][0]), float(d["handoff"][1])))

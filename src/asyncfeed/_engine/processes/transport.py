@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import time
 from typing import Any
 
 import torch
@@ -13,7 +14,8 @@ from multiprocessing.reduction import ForkingPickler
 from ..._errors import (AsyncFeedError, SampleError, describe, set_remote_traceback,
                         traceback_text)
 
-__all__ = ["dump_task", "dumps_results", "error_payload", "rebuild", "unwrap"]
+__all__ = ["dump_task", "dumps_results", "error_payload", "travel_cost", "rebuild",
+           "unwrap"]
 
 
 class _ResultPickler(ForkingPickler):
@@ -59,6 +61,27 @@ def dumps_results(msg: Any) -> memoryview:
     buf = io.BytesIO()
     _ResultPickler(buf, pickle.HIGHEST_PROTOCOL).dump(msg)
     return buf.getbuffer()
+
+
+def travel_cost(samples: list[Any]) -> tuple[float, float] | None:
+    """The CPU seconds (this thread's) to pickle a row as a worker sends it back
+    (:func:`dumps_results`) and to unpickle it here, each the least over
+    ``samples``: what a row that a worker pickles whole costs at least on each
+    side, so that costs read from them bound the workers' rate from above.
+    None where no sample pickles."""
+    least: tuple[float, float] | None = None
+    for sample in samples:
+        t0 = time.thread_time()
+        try:
+            data = bytes(dumps_results(sample))
+        except Exception:  # noqa: BLE001 - a row that cannot travel fails there anyway
+            continue
+        t1 = time.thread_time()
+        pickle.loads(data)
+        t2 = time.thread_time()
+        cost = (t1 - t0, t2 - t1)
+        least = cost if least is None else (min(least[0], cost[0]), min(least[1], cost[1]))
+    return least
 
 
 def error_payload(e: BaseException) -> tuple[bytes | None, str, list[str]]:
