@@ -34,9 +34,9 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         cpu_skew: float = 0.0) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
     for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
-    ``core_rate``, thread windows read the CPU their rows took at that many rows
-    per CPU second; with ``other_cores`` too, the whole process took that many
-    cores more (the consumer's own work).  ``cpu_skew``: a thread candidate's
+    ``core_rate``, thread and inline windows read the CPU their rows took at that
+    many rows per CPU second; with ``other_cores`` too, the whole process took
+    that many cores more (the consumer's own work).  ``cpu_skew``: a thread candidate's
     windows read their rows' CPU that much high, then low, in turn (some windows
     draw the dearer samples)."""
     rnd = random.Random(seed)
@@ -53,7 +53,7 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         pace = getattr(rate, "consumer", None)
         waited = 0.1 * (1 - r / pace) if pace and r < pace else (0.0 if pace else 0.05)
         rows = max(1, round(r * 0.1))
-        cpu = rows / core_rate if core_rate and c.mode is Mode.THREADS else 0.0
+        cpu = rows / core_rate if core_rate and c.mode is not Mode.PROCESSES else 0.0
         nth = sum(w.candidate == c for w in rec.windows)
         cpu *= 1 + (-cpu_skew if nth % 2 else cpu_skew)
         pcpu = cpu + other_cores * 0.1 if cpu and other_cores else 0.0
@@ -443,6 +443,21 @@ def test_rows_that_travel_dearer_than_their_share_of_the_cores_skip_processes(co
                        core_rate=50_000.0, other_cores=0.5)
         assert any(c.mode is Mode.PROCESSES for c in ran), (known, ran)
         assert decide(rec, sp).choice == INLINE
+
+
+def test_a_recheck_bounds_processes_by_the_hand_off_before_its_own_windows():
+    """A re-check of inline opens with the processes duel, before any window of its
+    own knows the rows' CPU: the readings of the search before bound them."""
+    sp = space(2)
+    rec, _ = run(sp, pickled_dicts(2), 0.02, record=Record(handoff=Handoff(9e-6, 9e-6)),
+                 core_rate=50_000.0, other_cores=0.5)
+    assert decide(rec, sp).choice == INLINE
+    rec.recheck_at.append(len(rec.windows))
+    rec, ran = run(sp, pickled_dicts(2), 0.02, record=rec, core_rate=50_000.0,
+                   other_cores=0.5)
+    d = decide(rec, sp)
+    assert d.choice == INLINE and d.processes_skipped is Reason.HANDOFF, d
+    assert not any(c.mode is Mode.PROCESSES for c in ran), ran
 
 
 @pytest.mark.parametrize("cores", [2, 16, 96])

@@ -337,8 +337,12 @@ class _Replay:
         hand-offs: it goes on under processes too, and grows with their rate, so
         this is an upper bound).  The cores where the choice's windows do not
         know their CPU."""
-        other = [w.other_cores for w in self.fresh
-                 if w.candidate == self.choice and w.other_cores > 0]
+        def other_of(windows: list[Window]) -> list[float]:
+            return [w.other_cores for w in windows
+                    if w.candidate == self.choice and w.other_cores > 0]
+        # a re-check's first duels come before the choice ran a window of its own:
+        # then its windows of the searches before tell
+        other = other_of(self.fresh) or other_of(self.seen)
         if not other:
             return float(self.space.cores)
         return max(1.0, self.space.cores - statistics.median(other))
@@ -398,16 +402,26 @@ class _Replay:
         """The most worker processes could deliver where they send rows back pickled
         (``Record.handoff``): the loader's process unpickles each one holding its
         GIL, so it reads at most ``1 / unpickle_s`` rows a second whatever the
-        cores; and each row then costs its own CPU (one core's rate of the rows,
-        :meth:`_core_rate`), its pickling and its unpickling, on at most the cores
-        left.  Infinite where rows are written in place or nothing is known."""
+        cores; and each row then costs its own CPU (:meth:`_row_cpu`), its pickling
+        and its unpickling, on at most the cores left.  Infinite where rows are
+        written in place or nothing is known."""
         h = self.handoff
         if h is None or not h.unpickle_s:
             return float("inf")
-        per_core = self._core_rate()
-        cpu_bound = self._cores_left() / (1.0 / per_core + h.pickle_s + h.unpickle_s) \
-            if per_core else float("inf")
+        row_cpu = self._row_cpu()
+        cpu_bound = self._cores_left() / (row_cpu + h.pickle_s + h.unpickle_s) \
+            if row_cpu else float("inf")
         return min(1.0 / h.unpickle_s, cpu_bound)
+
+    def _row_cpu(self) -> float:
+        """CPU seconds a row takes where it runs in this process (threads or inline):
+        over the windows of this search that know it, pooled; a re-check that has
+        run none yet reads the searches' before (0: none knows it)."""
+        def pooled(windows: list[Window]) -> float:
+            ws = [w for w in windows if w.candidate.mode is not Mode.PROCESSES and w.cpu > 0]
+            rows = sum(w.rows for w in ws)
+            return sum(w.cpu for w in ws) / rows if rows else 0.0
+        return pooled(self.fresh) or pooled(self.seen)
 
     def _advance(self) -> None:
         """Open the next duel (or one thread's solo windows), or settle."""
