@@ -1,0 +1,112 @@
+"""A duel of two candidates' windows, judged: each side's rate, the noise margin
+measured between like windows, and the winner (see :mod:`.policy` for the
+search that runs the duels); and the parameters the policy runs on."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass
+
+from .readings import Candidate, Window
+
+__all__ = ["Duel", "PolicyConfig", "judge", "spread", "unsure"]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy's parameters; each holds on any core count.
+
+    ``window_s``: a window lasts at least this long; None (the default): four
+    of the interpreter's GIL switch intervals (``sys.getswitchinterval()``, 5 ms
+    unless the program changed it: 20 ms).  A thread that wants the GIL waits
+    up to one interval for it, so a window of four lets each of two contending
+    threads hold it at least twice; shorter windows measure whose turn it was.
+    Longer ones only make exploring dearer (a window runs a candidate that may
+    be the slower one): the noise a window still shows is measured, as the
+    duel's margin.  ``window_events``: and sees at
+    least this many completions (tasks or worker replies): rows arrive in
+    chunks, and a window of one chunk measures the chunk.  ``like_windows``:
+    windows per side of a duel round (two are the least that show a spread).
+    ``min_margin``: the least margin a dearer candidate must beat: a switch
+    costs what no window shows (a fork, workers' memory, threads' CPU), and
+    below this gain stability is worth more.  ``recheck_windows``: settled
+    windows before the first re-check may run (doubling after each).
+    ``warmup_windows``: a pass's first windows after a start or a switch that
+    are not used (threads waking, the buffers filling).  ``start_attempts``:
+    how often the process candidate may fail to start (the decode threads did
+    not go quiet for the fork) before it counts as unavailable.  ``max_rounds``:
+    a duel whose dearer side beat the cheaper by the margin, but by less than
+    twice the margin, is measured again with as many windows more, up to this
+    many rounds, before it is decided (the medians firm up; the spread, a median
+    of steps, does not grow).
+    """
+
+    window_s: float | None = None
+    window_events: int = 4
+    like_windows: int = 2
+    min_margin: float = 0.05
+    recheck_windows: int = 40
+    warmup_windows: int = 1
+    start_attempts: int = 3
+    max_rounds: int = 3
+
+    def window_seconds(self) -> float:
+        """The least length of a window, in seconds (see ``window_s``)."""
+        return self.window_s if self.window_s is not None else 4 * sys.getswitchinterval()
+
+
+@dataclass(frozen=True)
+class Duel:
+    """A judged duel: the cheaper and dearer candidate, their mean rates, the
+    margin measured, and the winner."""
+
+    cheap: Candidate
+    dear: Candidate
+    cheap_rate: float
+    dear_rate: float
+    margin: float
+    winner: Candidate
+
+
+def spread(rates: list[float]) -> float:
+    """How far like windows read apart: the median difference between successive
+    ones, relative to their median (for two windows, their range over their
+    mean).  Medians, because a shared machine's noise is heavy-tailed: one
+    window whose threads lost their cores for a while reads a fraction of the
+    others, and must not decide the duel, nor its margin, alone."""
+    if len(rates) < 2:
+        return 0.0
+    m = statistics.median(rates)
+    steps = statistics.median(abs(b - a) for a, b in zip(rates, rates[1:]))
+    return steps / m if m > 0 else 0.0
+
+
+def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
+    """The duel of the windows ``a`` and ``b`` (each of one candidate): each side's
+    rate is the median of its windows."""
+    ca, cb = a[0].candidate, b[0].candidate
+    cheap, dear = (a, b) if ca.cost <= cb.cost else (b, a)
+    rc = statistics.median(w.rate for w in cheap)
+    rd = statistics.median(w.rate for w in dear)
+    margin = max(config.min_margin, spread([w.rate for w in cheap]),
+                 spread([w.rate for w in dear]))
+    # the cheaper side that keeps up with the consumer (its rate within the margin of
+    # the consumer's own pace) cannot be beaten: the dearer reads faster only by noise
+    ceiling = statistics.median(w.ceiling for w in cheap)
+    keeps_up = ceiling != float("inf") and rc * (1 + margin) >= ceiling
+    winner = dear[0].candidate if rd > rc * (1 + margin) and not keeps_up \
+        else cheap[0].candidate
+    return Duel(cheap[0].candidate, dear[0].candidate, rc, rd, margin, winner)
+
+
+def unsure(duel: Duel) -> bool:
+    """Whether a duel's windows leave its outcome open: the dearer beat the cheaper
+    by more than the margin (it would win), but by less than twice the margin.
+    Each side's rate is a median of a few windows, and the margin is one window's
+    spread, so a lead of one margin is what noise alone gives about one duel in
+    six: such a lead must hold over another round's windows.  A lead inside the
+    margin is not measured again: the cheaper stays, as it would after more
+    rounds of two candidates that read alike."""
+    return duel.cheap_rate * (1 + duel.margin) < duel.dear_rate \
+        <= duel.cheap_rate * (1 + 2 * duel.margin)
