@@ -277,6 +277,44 @@ def test_the_open_duel_names_its_rival_and_the_most_threads_it_runs():
     assert (processes(16), INLINE, 1) in seen
 
 
+def threads_ahead_of_one(c: int):
+    """Tiny rows where one thread's windows read low (the hand-off per task, or a
+    slow stretch of the machine) and two threads beat it; inline, which hands
+    nothing off, runs ahead of both."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 44_000.0
+        if x.mode is Mode.THREADS:
+            return 30_000.0 if x.count == 1 else 38_000.0 / (1 + 0.3 * (x.count - 2))
+        return 15_000.0
+    return rate
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_inline_is_dueled_against_threads_that_beat_one_thread(cores):
+    """One thread losing to two says nothing of inline: rows at 50,000 per CPU
+    second leave two threads' 38,000 below one core's rate, so inline is dueled,
+    and wins."""
+    sp = space(cores)
+    rec, ran = run(sp, threads_ahead_of_one(cores), 0.02, core_rate=50_000.0)
+    d = decide(rec, sp)
+    assert INLINE in ran and d.choice == INLINE and d.inline_skipped is None, d
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_inline_is_not_dueled_where_threads_run_the_rows_beyond_one_core(cores):
+    """GIL-free rows at 1,000 rows per CPU second: threads at the cores read 0.97 of
+    every core's rate, which inline, on one thread, cannot reach.  Without CPU
+    readings nothing bounds inline, and it is dueled (and loses)."""
+    sp = space(cores)
+    rec, ran = run(sp, gil_free(cores), 0.02, core_rate=1000.0)
+    d = decide(rec, sp)
+    assert d.choice == threads(cores) and d.inline_skipped is Reason.NO_ROOM, d
+    assert INLINE not in ran, ran
+    rec, ran = run(sp, gil_free(cores), 0.02)
+    assert INLINE in ran and decide(rec, sp).choice == threads(cores)
+
+
 @pytest.mark.parametrize("cores", [2, 16, 96])
 def test_inline_is_not_dueled_where_processes_beat_one_core(cores):
     """Pure Python rows at 1,000 rows per CPU second: processes at the cores'
@@ -354,7 +392,7 @@ def test_a_lead_of_less_than_two_margins_must_hold_over_another_round():
     """Four threads lead two by 8% over one round, where the margin is 5% (like
     windows read alike): noise gives such a lead to about one duel in six, so the
     duel goes on; over the next rounds they read level, and two threads stay."""
-    sp = space(2, pool=4)
+    sp = space(2, pool=4, inline=False)  # the thread duels alone
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1080.0, 1080.0, 1000.0]}
     d = _scripted(sp, script, 7)  # the bottom duel, then one round of 2 against 4
     assert not d.settled and d.choice == threads(2) and d.rival == threads(4), d
@@ -366,14 +404,14 @@ def test_a_lead_of_less_than_two_margins_must_hold_over_another_round():
 def test_a_lead_inside_the_margin_is_not_measured_again():
     """Four threads read 3% above two, inside the 5% margin: the cheaper stays
     after one round of the duel, not after three."""
-    sp = space(2, pool=4)
+    sp = space(2, pool=4, inline=False)  # the thread duels alone
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1030.0]}
     d = _scripted(sp, script, 7)  # the bottom duel, then one round of 2 against 4
     assert d.settled and d.choice == threads(2) and d.reason is Reason.CHEAPER, d
 
 
 def test_a_lead_of_more_than_two_margins_wins_after_one_round():
-    sp = space(2, pool=4)
+    sp = space(2, pool=4, inline=False)  # the thread duels alone
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1150.0, 1150.0, 1000.0]}
     d = _scripted(sp, script, 40)
     assert d.choice == threads(4) and d.reason is Reason.FASTER, d

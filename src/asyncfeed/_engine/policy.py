@@ -66,11 +66,12 @@ The search, replayed from the record by :func:`decide` (a pure function):
    CPU, its pickling and its unpickling on the cores left (``Record.handoff``,
    measured on the pass's own rows before its first window); a choice within
    the margin of that bound skips the duel too.
-5. *inline*: where one thread or processes won, duel inline (the consumer
-   loads the rows itself) against it -- unless processes won at a rate beyond
-   one core's rate of the rows (the most rows per CPU second of a thread
-   window, plus the margin): inline runs them on one thread, so it cannot win.
-   Processes
+5. *inline*: duel inline (the consumer loads the rows itself) against
+   whatever won -- unless it won at a rate beyond one core's rate of the rows
+   (the most rows per CPU second of a thread window, plus the margin): inline
+   runs them on one thread, so it cannot win.  Not inferred from one thread's
+   duel: inline pays no task hand-off, so for tiny rows it runs far ahead of
+   one thread, and may beat threads that beat one thread.  Processes
    come before inline so that rows whose threads do not scale reach processes
    after one duel.
 
@@ -115,8 +116,8 @@ class Decision:
     row's trip back from a worker; ``UNAVAILABLE``: they could not start), or None.
     ``rival``: the candidate the open duel measures against the choice (one thread
     while its rate alone is measured), None when settled.  ``inline_skipped``:
-    ``NO_ROOM`` where processes won by more than one core's rate of the rows, which
-    is all inline can run; else None.  ``threads_skipped``: ``NO_ROOM`` where more
+    ``NO_ROOM`` where threads or processes won by more than one core's rate of the
+    rows, which is all inline can run; else None.  ``threads_skipped``: ``NO_ROOM`` where more
     threads were not measured because the rows already ran at the cores' rate
     (rows per CPU second of the thread windows together, times the cores left to
     them, less the margin); else None."""
@@ -274,13 +275,13 @@ class _Replay:
                 return self.rungs[j]
             return None
         if phase == "inline":
-            # below one thread: dueled where one thread or processes won (had a thread
-            # count above one won, one thread lost to it, and inline would too)
+            # the cheapest, dueled last: whatever won, unless it runs the rows beyond
+            # the one core inline has (one thread losing says nothing of inline,
+            # which pays no task hand-off: for tiny rows it runs far ahead of it)
             if not self.space.inline or INLINE in self.tried or self.choice == INLINE \
-                    or (self.choice.mode is Mode.THREADS and self.choice.count > 1) \
                     or (self.single_step and self.moved):
                 return None
-            if self.choice.mode is Mode.PROCESSES and self._beyond_one_core():
+            if self._beyond_one_core():
                 self.inline_skipped = Reason.NO_ROOM
                 return None
             return INLINE
