@@ -533,6 +533,14 @@ def test_the_chooser_reads_the_hand_off_once_before_its_first_window():
     assert ch.current == INLINE and ch.report().processes_skipped is Reason.HANDOFF
 
 
+def test_passes_keep_rows_for_the_hand_off_only_until_the_first_window():
+    ch = Chooser(space(2))
+    assert ch.wants_handoff()
+    ch.record.windows.append(Window(threads(2), 100, 0.1))
+    assert not ch.wants_handoff()
+    assert not Chooser(None, fixed_choice=INLINE).wants_handoff()
+
+
 def test_the_chooser_reads_the_whole_process_cpu_into_its_windows():
     clock = [0.0]
     ch = Chooser(space(2), clock=lambda: clock[0])

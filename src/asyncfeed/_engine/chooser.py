@@ -221,6 +221,12 @@ class Chooser:
     def exploring(self) -> bool:
         return not self.decision.settled
 
+    def wants_handoff(self) -> bool:
+        """Whether a pass should keep a few rows for ``ExecutionControl.handoff``: the
+        chooser measures, and has recorded no window yet (it reads the hand-off
+        once, before its first)."""
+        return not self.fixed and self.space is not None and not self.record.windows
+
     # ------------------------------------------------------------------- ticks
     def tick(self) -> float:
         """(consumer thread) Close the window if it is due and act on it.  Returns

@@ -59,8 +59,8 @@ log = logging.getLogger("asyncfeed")
 
 __all__ = ["Pipeline"]
 
-#: rows of a collated batch read back to price the worker processes' hand-off: the
-#: cheapest of a few bounds it (see ``transport.read_back_cost``)
+#: rows of a collated batch sent through the workers' pickler to price their hand-off:
+#: the cheapest of a few bounds it (see ``transport.travel_cost``)
 _PROBE_ROWS = 4
 
 
@@ -107,9 +107,10 @@ class Pipeline(BatchHandoff):
         self.completions = 0        # ... reported by this many tasks or worker replies,
         self.last_completion = 0.0  # ... the last at this perf_counter() time
         self.rows_cpu_s = 0.0       # CPU the rows took in this process's threads (cond)
-        # the first rows of a collated batch, for the cost of reading rows back from
-        # worker processes (handoff); () once taken
-        self._probe: list[Any] | tuple[()] | None = None
+        # the first rows of a collated batch, for what rows cost to travel back from
+        # worker processes (handoff); () once taken, or where the chooser has it
+        self._probe: list[Any] | tuple[()] | None = \
+            None if self._chooser is not None and self._chooser.wants_handoff() else ()
         self.acct.resources = self._thread_resources = self._resources()
         self.acct.gate = executors.gate  # the running threads are the capacity
         if probe_not_before is not None:  # the loader's budget holds across passes

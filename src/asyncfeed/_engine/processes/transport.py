@@ -14,7 +14,7 @@ from multiprocessing.reduction import ForkingPickler
 from ..._errors import (AsyncFeedError, SampleError, describe, set_remote_traceback,
                         traceback_text)
 
-__all__ = ["dump_task", "dumps_results", "error_payload", "travel_cost", "rebuild",
+__all__ = ["dump_task", "dumps_results", "error_payload", "rebuild", "travel_cost",
            "unwrap"]
 
 
