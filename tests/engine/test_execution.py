@@ -136,6 +136,15 @@ def test_the_travel_cost_is_the_least_of_the_rows_that_travel():
     both = travel_cost([big, small, lambda: None])
     assert alone is not None and both is not None
     assert both[0] <= alone[0] and both[1] <= alone[1]
+    # within a budget the first rows tell: big rows are not all round-tripped
+    calls = []
+
+    class Counted:
+        def __reduce__(self):
+            calls.append(1)
+            return (dict, ())
+
+    assert travel_cost([big, Counted(), Counted()], budget_s=0.0) is not None and not calls
 
 
 def test_rows_reach_shared_memory_not_pickles():

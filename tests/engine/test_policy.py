@@ -671,7 +671,7 @@ class _Control:
     def running(self) -> int:
         return self.tasks_running
 
-    def handoff(self) -> Handoff | None:
+    def handoff(self, budget_s: float) -> Handoff | None:
         return self.travel
 
     def rows_cpu(self) -> float:

@@ -71,10 +71,11 @@ class ExecutionControl(Protocol):
         """How many of the pass's tasks its decode threads run now (0 with none)."""
         ...
 
-    def handoff(self) -> Handoff | None:
+    def handoff(self, budget_s: float) -> Handoff | None:
         """What a row costs to travel back from a worker process (measured on rows
-        the pass loaded; ``Handoff.IN_PLACE`` where workers write the pass's rows
-        in place); None while not known (consumer thread)."""
+        the pass loaded, spending at most about ``budget_s`` of CPU on it;
+        ``Handoff.IN_PLACE`` where workers write the pass's rows in place); None
+        while not known (consumer thread)."""
         ...
 
     def draining(self) -> bool:
@@ -274,8 +275,9 @@ class Chooser:
             self._warmup -= 1
         elif not self.decision.settled:
             if not self.record.windows:
-                # read once, before the first window: the whole record replays with it
-                self.record.handoff = control.handoff()
+                # read once, before the first window: the whole record replays with it;
+                # at the cost of a tick, far below the duel it may spare
+                self.record.handoff = control.handoff(self._window_s / 4)
             self.record.windows.append(window)
             self._act()
         else:

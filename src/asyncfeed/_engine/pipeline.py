@@ -283,19 +283,20 @@ class Pipeline(BatchHandoff):
         ``chooser.ExecutionControl``)."""
         return self.runtime.pool.running()
 
-    def handoff(self) -> Handoff | None:
+    def handoff(self, budget_s: float) -> Handoff | None:
         """What a row costs to travel back from a worker process: nothing where
         workers write the pass's rows in place (its batches are ring batches);
-        else measured on the first rows of a batch this pass collated.  None
-        before one was, or for batches of ``__getitems__`` (see
-        ``chooser.ExecutionControl``)."""
+        else measured on the first rows of a batch this pass collated, within
+        ``budget_s`` of this thread's CPU.  None before one was, or for batches of
+        ``__getitems__`` (see ``chooser.ExecutionControl``)."""
         mode = self._mode_for()
         if mode is BatchMode.RING:
             return Handoff.IN_PLACE
         probe, self._probe = self._probe, ()
         if mode is not BatchMode.COLLATE or not probe:
             return None
-        cost = transport.travel_cost([s for s in probe if s is not None and s is not WRITTEN])
+        cost = transport.travel_cost(
+            [s for s in probe if s is not None and s is not WRITTEN], budget_s)
         return Handoff(*cost) if cost is not None else None
 
     def draining(self) -> bool:

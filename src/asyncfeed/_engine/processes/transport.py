@@ -63,13 +63,16 @@ def dumps_results(msg: Any) -> memoryview:
     return buf.getbuffer()
 
 
-def travel_cost(samples: list[Any]) -> tuple[float, float] | None:
+def travel_cost(samples: list[Any], budget_s: float = float("inf")
+                ) -> tuple[float, float] | None:
     """The CPU seconds (this thread's) to pickle a row as a worker sends it back
     (:func:`dumps_results`) and to unpickle it here, each the least over
     ``samples``: what a row that a worker pickles whole costs at least on each
     side, so that costs read from them bound the workers' rate from above.
-    None where no sample pickles."""
+    Stops once the round trips took ``budget_s`` (large rows: the first ones
+    tell).  None where no sample pickles."""
     least: tuple[float, float] | None = None
+    spent = 0.0
     for sample in samples:
         t0 = time.thread_time()
         try:
@@ -79,8 +82,12 @@ def travel_cost(samples: list[Any]) -> tuple[float, float] | None:
         t1 = time.thread_time()
         pickle.loads(data)
         t2 = time.thread_time()
+        del data
         cost = (t1 - t0, t2 - t1)
         least = cost if least is None else (min(least[0], cost[0]), min(least[1], cost[1]))
+        spent += t2 - t0
+        if spent >= budget_s:
+            break
     return least
 
 
