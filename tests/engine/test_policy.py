@@ -84,15 +84,21 @@ def gil_bound(c: int):
     return rate
 
 
-def tiny(c: int):
-    """Rows of tens of microseconds: every hand-off costs more than the row."""
+def _contended(inline: float, one_thread: float, procs: float):
+    """Rows whose threads contend: ``n`` threads read one thread's rate over
+    ``1 + 0.2 (n - 1)``; inline and processes read as given."""
     def rate(x: Candidate) -> float:
         if x.mode is Mode.INLINE:
-            return 12_000.0
+            return inline
         if x.mode is Mode.THREADS:
-            return 9_000.0 / (1 + 0.2 * (x.count - 1))
-        return 7_000.0
+            return one_thread / (1 + 0.2 * (x.count - 1))
+        return procs
     return rate
+
+
+def tiny(c: int):
+    """Rows of tens of microseconds: every hand-off costs more than the row."""
+    return _contended(12_000.0, 9_000.0, 7_000.0)
 
 
 def consumer_bound(c: int):
@@ -452,13 +458,7 @@ def test_processes_are_bounded_by_the_cores_the_process_leaves_them():
 def pickled_dicts(c: int):
     """Dict rows of 20 us under a custom collate: a worker sends each back pickled,
     and the hand-off, not the row, limits processes."""
-    def rate(x: Candidate) -> float:
-        if x.mode is Mode.INLINE:
-            return 44_000.0
-        if x.mode is Mode.THREADS:
-            return 40_000.0 / (1 + 0.2 * (x.count - 1))
-        return 18_000.0
-    return rate
+    return _contended(44_000.0, 40_000.0, 18_000.0)
 
 
 @pytest.mark.parametrize("cores", [2, 16, 96])

@@ -141,6 +141,15 @@ class Decision:
         return max(c.count if c.mode is Mode.THREADS else 1 for c in sides)
 
 
+def _rows_and_cpu(windows: list[Window], *, inline: bool) -> tuple[int, float]:
+    """The rows of ``windows`` that ran in this process and know their CPU (thread
+    windows, and inline ones with ``inline``), and those rows' CPU seconds: pooled,
+    as one core's rate of the rows is read."""
+    ws = [w for w in windows if w.cpu > 0 and (w.candidate.mode is Mode.THREADS
+                                               or (inline and w.candidate.mode is Mode.INLINE))]
+    return sum(w.rows for w in ws), sum(w.cpu for w in ws)
+
+
 class _Replay:
     """The search of the module docstring, stepped window by window."""
 
@@ -197,9 +206,8 @@ class _Replay:
         window: a window's CPU is that of the tasks that ended in it, so a short
         window reads a task more or less than it ran, and the most of many such
         readings would be their noise."""
-        ws = [w for w in self.fresh if w.candidate.mode is Mode.THREADS and w.cpu > 0]
-        cpu = sum(w.cpu for w in ws)
-        return sum(w.rows for w in ws) / cpu if cpu > 0 else 0.0
+        rows, cpu = _rows_and_cpu(self.fresh, inline=False)
+        return rows / cpu if cpu > 0 else 0.0
 
     def _beyond_one_core(self) -> bool:
         """Whether the choice's rate is beyond what one core can run the rows at,
@@ -319,11 +327,11 @@ class _Replay:
         """CPU seconds a row takes where it runs in this process (threads or inline):
         over the windows of this search that know it, pooled; a re-check that has
         run none yet reads the searches' before (0: none knows it)."""
-        def pooled(windows: list[Window]) -> float:
-            ws = [w for w in windows if w.candidate.mode is not Mode.PROCESSES and w.cpu > 0]
-            rows = sum(w.rows for w in ws)
-            return sum(w.cpu for w in ws) / rows if rows else 0.0
-        return pooled(self.fresh) or pooled(self.seen)
+        for windows in (self.fresh, self.seen):
+            rows, cpu = _rows_and_cpu(windows, inline=True)
+            if rows:
+                return cpu / rows
+        return 0.0
 
     def _advance(self) -> None:
         """Open the next duel (or one thread's solo windows), or settle."""
