@@ -1,0 +1,131 @@
+"""Two source trees side by side, each execution fixed: is a change that should not
+move the speed within noise of the tree before it?
+
+Rounds alternate the trees (A B, then B A), every run in a fresh process that
+imports only its own tree:
+
+- the bench's workloads (a), (b), (c) and (g), each run as ``asyncfeed bench`` runs
+  its default row (one epoch, a fresh process forked by that tree's own fork
+  server), with ``num_threads`` fixed so that both trees run the same execution;
+- the outcome bench's data sets (``asyncfeed._bench.userdata``), each with the
+  execution fixed (``inline``, ``threads`` or ``processes``), three epochs on one
+  loader: the first epoch and the steady state (the median of the later two).
+
+It prints each run, then per case the median and the slowest run of each tree and
+the ratio of the medians (B over A)::
+
+    git worktree add /tmp/before <commit>
+    PYTHONPATH=src python bench/tree_ab.py /tmp/before/src src --rounds 8
+
+Needs the synthetic set for the workloads (``asyncfeed bench`` makes it).  Measure
+on a machine that nothing else loads: both trees share it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+_WORKLOAD_CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from asyncfeed._bench.client import RunServer
+from asyncfeed._bench.config import Config, Settings
+from asyncfeed._bench.runner import Bench
+from asyncfeed._bench.synthetic import ensure_synthetic
+
+kinds = {"a": "folder", "b": "ram", "c": "gil", "g": "pil"}
+workload, runs, workdir, knob = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+bench = Bench(Settings(root=ensure_synthetic(1000, 10), synthetic=True), log=lambda m: None)
+family = "asyncfeed-map" if workload == "b" else "asyncfeed"
+spec = bench._spec(Config(workload, family, knob, dataset=kinds[workload], role="default"))
+server = RunServer(workdir)
+try:
+    for _ in range(runs):
+        out = server.run(spec, timeout=300, pss_interval=0.25 if workload == "b" else 1.0)
+        print(json.dumps({"rates": [out.get("rate") or 0.0]}), flush=True)
+finally:
+    server.close()
+"""
+
+_DATASET_CHILD = r"""
+import json, sys, time
+from asyncfeed import AsyncLoader
+from asyncfeed._bench.userdata import build
+
+name, execution = sys.argv[1], sys.argv[2]
+b = build(name)
+kw = dict(batch_size=b.batch_size, sampler=b.order, execution=execution)
+if b.collate_fn is not None:
+    kw["collate_fn"] = b.collate_fn
+rates = []
+with AsyncLoader(b.dataset, **kw) as loader:
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _batch in loader:
+            pass
+        rates.append(len(b.order) / (time.perf_counter() - t0))
+print(json.dumps({"rates": rates}))
+"""
+
+
+def _run(src: str, case: tuple[str, str], threads: int) -> list[list[float]]:
+    """One turn of ``case`` on the tree at ``src``: the epochs' rates of each run."""
+    kind, what = case
+    if kind == "workload":
+        with tempfile.TemporaryDirectory() as workdir:
+            cmd = [sys.executable, "-c", _WORKLOAD_CHILD, src, what, "1", workdir, str(threads)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    else:
+        name, execution = what.split(":")
+        env = dict(os.environ, PYTHONPATH=src)
+        out = subprocess.run([sys.executable, "-c", _DATASET_CHILD, name, execution],
+                             env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"{what} on {src} failed:\n{out.stderr[-3000:]}")
+    return [json.loads(line)["rates"] for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tree_a", help="the tree before the change: its src/")
+    ap.add_argument("tree_b", help="the tree after it: its src/")
+    ap.add_argument("--rounds", type=int, default=8, help="runs per case and tree (8)")
+    ap.add_argument("--workloads", default="a,b,c,g",
+                    help="the bench's workloads, comma-separated ('' for none)")
+    ap.add_argument("--threads", type=int, default=2, help="num_threads for the workloads (2)")
+    ap.add_argument("--datasets", default="detection:inline,text:inline,gil-python:processes,"
+                    "cifar-rng:processes,gil-free:threads",
+                    help="outcome-bench data sets with their fixed execution ('' for none)")
+    args = ap.parse_args()
+    cases = [("workload", w) for w in args.workloads.split(",") if w]
+    cases += [("dataset", d) for d in args.datasets.split(",") if d]
+    trees = {"A": args.tree_a, "B": args.tree_b}
+    got: dict[tuple[str, str], list[list[float]]] = {}
+    for r in range(args.rounds):
+        for case in cases:
+            for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                for rates in _run(trees[name], case, args.threads):
+                    got.setdefault((case[1], name), []).append(rates)
+                    shown = " ".join(f"{x:,.0f}" for x in rates)
+                    print(f"{case[1]:22} {name} {shown}", flush=True)
+    print("\ncase                   epoch   A median (slowest)   B median (slowest)   B/A")
+    for _, what in cases:
+        runs_a, runs_b = got[(what, "A")], got[(what, "B")]
+        phases = [("first", lambda rs: rs[0])]
+        if len(runs_a[0]) > 1:
+            phases.append(("steady", lambda rs: statistics.median(rs[1:])))
+        for phase, pick in phases:
+            a = [pick(rs) for rs in runs_a]
+            b = [pick(rs) for rs in runs_b]
+            ma, mb = statistics.median(a), statistics.median(b)
+            print(f"{what:22} {phase:6} {ma:9,.0f} ({min(a):7,.0f})  {mb:9,.0f} ({min(b):7,.0f})"
+                  f"  {mb / ma:5.3f}")
+
+
+if __name__ == "__main__":
+    main()
