@@ -40,7 +40,9 @@ class ExecutionControl(Protocol):
     def completed(self) -> tuple[int, int, float]:
         """(rows, completions, time of the last completion) of the pass so far:
         every row loaded or failed, the tasks or worker replies that reported
-        them, and when the last did (the chooser's clock)."""
+        them, and when the last did (the chooser's clock); a pass whose work
+        comes in batch-long cycles reports them as they stood at its last batch
+        completion (see ``completions``)."""
         ...
 
     def apply(self, candidate: Candidate) -> bool:

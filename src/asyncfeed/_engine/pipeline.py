@@ -44,6 +44,7 @@ from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
 from .assemble import assemble
 from .batch import WRITTEN, Batch, BatchMode
 from .capabilities import Capabilities
+from .completions import Completions
 from .executors import Executors, RowExecutor
 from .fetching import FetchStage
 from .handoff import BatchHandoff, BatchMemory, PassConfig
@@ -103,9 +104,9 @@ class Pipeline(BatchHandoff):
         runtime.pool.admit(executors.gate)
         self.stage: Any = None      # the process stage rows go to now (None: this process)
         self._stages: list[Any] = []  # every stage this pass used (dropped at its end)
-        self.rows_completed = 0     # rows loaded or failed so far (under cond) ...
-        self.completions = 0        # ... reported by this many tasks or worker replies,
-        self.last_completion = 0.0  # ... the last at this perf_counter() time
+        # rows loaded or failed so far (under cond), as the chooser reads them: at
+        # batch completions where a batch's reads go out together on the event loop
+        self.completions = Completions(per_batch=caps.use_fetch)
         self.rows_cpu_s = 0.0       # CPU the rows took in this process's threads (cond)
         # the first rows of a collated batch, for what rows cost to travel back from
         # worker processes (handoff); () once taken, or where the chooser has it
@@ -246,7 +247,7 @@ class Pipeline(BatchHandoff):
         b.done[:] = b"\x01" * b.n
         b.remaining = 0
         with self.cond:
-            self.count_done(b.n)
+            self.completions.count(b.n, batch_done=True)
         self.complete(b)
 
     # ------------------------------------------------------------- execution
@@ -259,8 +260,8 @@ class Pipeline(BatchHandoff):
 
     def completed(self) -> tuple[int, int, float]:
         """(rows, completions, time of the last) so far (see
-        ``chooser.ExecutionControl``)."""
-        return self.rows_completed, self.completions, self.last_completion
+        ``chooser.ExecutionControl`` and ``completions``)."""
+        return self.completions.reading()
 
     def waited(self) -> float:
         """The consumer's wait for batches so far, the wait in progress included (see
@@ -303,13 +304,6 @@ class Pipeline(BatchHandoff):
         """Whether a process stage this pass left still runs rows of it (see
         ``chooser.ExecutionControl``)."""
         return any(s is not self.stage and s.holds(self) for s in self._stages)
-
-    def count_done(self, rows: int) -> None:
-        """``rows`` rows were reported done by one task or reply (call with ``cond``
-        held)."""
-        self.rows_completed += rows
-        self.completions += 1
-        self.last_completion = time.perf_counter()
 
     def apply(self, candidate: Candidate) -> bool:
         """Run the rows of batches not yet started under ``candidate`` (consumer
@@ -417,7 +411,7 @@ class Pipeline(BatchHandoff):
             b.done[lo:hi] = b"\x01" * (hi - lo)
             b.remaining -= hi - lo
             last = b.remaining == 0
-            self.count_done(hi - lo)
+            self.completions.count(hi - lo, batch_done=last)
             self.rows_cpu_s += cpu
         if last:
             self.complete(b)

@@ -1,0 +1,79 @@
+"""What a pass reports to the execution chooser as completed: at every report, or
+at batch completions where a batch's reads go out together on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from asyncfeed import AsyncLoader
+from asyncfeed._engine.completions import Completions
+
+
+def test_reports_are_read_as_they_come():
+    c = Completions(per_batch=False)
+    assert c.reading() == (0, 0, 0.0)
+    c.count(3, batch_done=False)
+    c.count(2, batch_done=True)
+    c.count(4, batch_done=False)
+    rows, reports, last = c.reading()
+    assert (rows, reports) == (9, 3) and last == c.last > 0
+
+
+def test_per_batch_readings_stand_where_the_last_batch_completed():
+    """Reports that complete no batch leave the reading as it was; the report that
+    completes one moves it, with every report before it counted."""
+    c = Completions(per_batch=True)
+    c.count(3, batch_done=False)
+    c.count(2, batch_done=False)
+    assert c.reading() == (0, 0, 0.0)
+    c.count(1, batch_done=True)
+    at_batch = c.reading()
+    assert at_batch[:2] == (6, 3) and at_batch[2] == c.last
+    c.count(5, batch_done=False)
+    assert c.reading() == at_batch
+    c.count(2, batch_done=True)
+    assert c.reading()[:2] == (13, 5)
+
+
+class Fetched:
+    """Reads on the event loop, decodes in the threads."""
+
+    def __len__(self) -> int:
+        return 64
+
+    async def fetch(self, i: int) -> int:
+        await asyncio.sleep(0)
+        return i
+
+    def decode(self, raw: int, i: int) -> torch.Tensor:
+        return torch.tensor([raw])
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+
+class Plain:
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("ds,per_batch", [(Fetched(), True), (Plain(), False)])
+def test_a_pass_reads_per_batch_where_its_reads_run_on_the_event_loop(monkeypatch, ds, per_batch):
+    made: list[bool] = []
+    init = Completions.__init__
+
+    def recording(self: Completions, per_batch: bool) -> None:
+        made.append(per_batch)
+        init(self, per_batch)
+
+    monkeypatch.setattr(Completions, "__init__", recording)
+    with AsyncLoader(ds, batch_size=8) as al:
+        got = torch.cat(list(al))
+    assert got.flatten().tolist() == list(range(64))
+    assert made == [per_batch]
