@@ -1,15 +1,18 @@
 """What a pass reports to the execution chooser as completed: at every report, or
-at batch completions where a batch's reads go out together on the event loop."""
+at batch completions where a batch's reads go out together on the event loop;
+and the CPU its rows took, however they were read."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
 
 from asyncfeed import AsyncLoader
 from asyncfeed._engine.completions import Completions
+from asyncfeed._engine.pipeline import Pipeline
 
 
 def test_reports_are_read_as_they_come():
@@ -77,3 +80,34 @@ def test_a_pass_reads_per_batch_where_its_reads_run_on_the_event_loop(monkeypatc
         got = torch.cat(list(al))
     assert got.flatten().tolist() == list(range(64))
     assert made == [per_batch]
+
+
+class Burning(Fetched):
+    """Reads on the event loop; each decode burns 2 ms of its thread's CPU."""
+
+    def decode(self, raw: int, i: int) -> torch.Tensor:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.002:
+            pass
+        return torch.tensor([raw])
+
+
+@pytest.mark.parametrize("execution", ["threads", "inline"])
+def test_rows_read_on_the_event_loop_report_the_cpu_their_decode_took(monkeypatch, execution):
+    """The chooser's CPU bounds (one core's rate of the rows, the cores more
+    threads could use) read each window's row CPU: a row decoded after an async
+    read reports it, as a task of rows read in its thread does."""
+    reported: list[tuple[int, float]] = []
+    rows_done = Pipeline.rows_done
+
+    def spy(self: Pipeline, b, lo: int, hi: int, cpu: float = 0.0) -> None:
+        reported.append((hi - lo, cpu))
+        rows_done(self, b, lo, hi, cpu)
+
+    monkeypatch.setattr(Pipeline, "rows_done", spy)
+    ds = Burning()
+    with AsyncLoader(ds, batch_size=8, execution=execution) as al:
+        got = torch.cat(list(al))
+    assert got.flatten().tolist() == list(range(64))
+    assert sum(n for n, _ in reported) == 64
+    assert all(cpu >= 0.002 * n for n, cpu in reported), reported

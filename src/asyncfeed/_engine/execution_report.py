@@ -89,8 +89,8 @@ class ExecutionReport:
             parts.append("more threads not tried: the rows already ran at every core's "
                          "rate")
         if self.inline_skipped is Reason.NO_ROOM:
-            parts.append("inline not tried: the processes' rate is beyond one core's "
-                         "rate of the rows")
+            parts.append("inline not tried: the choice runs the rows beyond one core's "
+                         "rate of them")
         if self.detail:
             parts.append(self.detail)
         return f"{head} ({'; '.join(parts)})"

@@ -122,27 +122,24 @@ def _loaded_rows(p: RowHost, b: Batch, lo: int, hi: int, ring: bool) -> int:
 def run_sample(p: RowHost, b: Batch, row: int, idx: Any, raw: Any) -> None:
     """Decode one sample fetched on the event loop (a decode-pool task): its row
     placed (or its failure noted), its time reported to the row cost means, and
-    the row reported done.  Returns at once when the pass is stopping."""
+    the row reported done with the CPU it took (as a task of ``run_rows`` reports
+    its rows').  Returns at once when the pass is stopping."""
     if p.stopping:
         return
     t0, c0 = time.perf_counter(), time.thread_time()
-    _place_fetched(p, b, row, idx, raw)
-    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    p.row_cost.record(1, wall, cpu)
-
-
-def _place_fetched(p: RowHost, b: Batch, row: int, idx: Any, raw: Any) -> None:
-    if p.stopping:
-        return
     try:
         _load_and_place(p, b, row, idx, raw)
     except BaseException as e:  # noqa: BLE001 - travels to the consumer
         p.rows.note_failure(b, row, idx, e)
-    # reported done only here, once the sample's locals are gone: this thread may
-    # wait a while for the GIL after handing the batch over, and must not hold its
-    # decoded row (a view of the batch's buffer) or an exception (whose traceback
-    # holds that row) meanwhile
-    p.rows_done(b, row, row + 1)
+    del raw
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    p.row_cost.record(1, wall, cpu)
+    # reported done only now, once the sample's locals are gone (they died with
+    # _load_and_place's frame, and the exception with its handler): this thread
+    # may wait a while for the GIL after handing the batch over, and must not hold
+    # its decoded row (a view of the batch's buffer) or an exception (whose
+    # traceback holds that row) meanwhile
+    p.rows_done(b, row, row + 1, cpu)
 
 
 def _load_and_place(p: RowHost, b: Batch, row: int, idx: Any, raw: Any) -> None:
