@@ -111,3 +111,38 @@ def test_rows_read_on_the_event_loop_report_the_cpu_their_decode_took(monkeypatc
     assert got.flatten().tolist() == list(range(64))
     assert sum(n for n, _ in reported) == 64
     assert all(cpu >= 0.002 * n for n, cpu in reported), reported
+
+
+class BurningBatches:
+    """A plain data set with ``__getitems__`` (a whole batch in one call) that burns
+    2 ms of its thread's CPU a row."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.002 * len(indices):
+            pass
+        return [torch.tensor([i]) for i in indices]
+
+
+def test_batches_loaded_whole_report_the_cpu_they_took(monkeypatch):
+    """A data set's ``__getitems__`` loads a batch in one task: the CPU it took is
+    the rows' CPU the chooser's windows read, as for rows loaded one by one."""
+    grew: list[float] = []
+    run = Pipeline._run_getitems
+
+    def spy(self: Pipeline, b) -> None:
+        before = self.rows_cpu_s
+        run(self, b)
+        grew.append(self.rows_cpu_s - before)
+
+    monkeypatch.setattr(Pipeline, "_run_getitems", spy)
+    with AsyncLoader(BurningBatches(), batch_size=8) as al:
+        got = torch.cat(list(al))
+    assert got.flatten().tolist() == list(range(64))
+    assert len(grew) == 8 and all(g >= 0.002 * 8 for g in grew), grew

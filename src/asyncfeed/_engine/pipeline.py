@@ -243,11 +243,12 @@ class Pipeline(BatchHandoff):
             b.samples = self._getitems(b.indices)  # type: ignore[misc]  # handed to collate_fn as is
         except BaseException as e:  # noqa: BLE001
             b.error = e
-        self.acct.end(DECODE, t, b.n)
+        end = self.acct.end(DECODE, t, b.n)
         b.done[:] = b"\x01" * b.n
         b.remaining = 0
         with self.cond:
             self.completions.count(b.n, batch_done=True)
+            self.rows_cpu_s += end[1] - t[1]  # the rows' CPU, as a task of rows reports it
         self.complete(b)
 
     # ------------------------------------------------------------- execution
