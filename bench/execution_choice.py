@@ -37,9 +37,10 @@ from asyncfeed._bench.synthetic import ensure_synthetic
 
 kinds = {"a": "folder", "b": "ram", "c": "gil", "g": "pil"}
 workload, runs, workdir = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+threads = int(sys.argv[5]) if len(sys.argv) > 5 else None
 bench = Bench(Settings(root=ensure_synthetic(1000, 10), synthetic=True), log=lambda m: None)
 family = "asyncfeed-map" if workload == "b" else "asyncfeed"
-spec = bench._spec(Config(workload, family, None, dataset=kinds[workload], role="default"))
+spec = bench._spec(Config(workload, family, threads, dataset=kinds[workload], role="default"))
 server = RunServer(workdir)
 try:
     for _ in range(runs):
@@ -53,9 +54,13 @@ finally:
 """
 
 
-def _runs(src: str, workload: str, n: int) -> list[dict]:
+def _runs(src: str, workload: str, n: int, threads: int | None = None) -> list[dict]:
+    """``n`` runs of ``workload``'s default row on the tree at ``src`` (its own fork
+    server), with ``num_threads=threads`` where given: each run's ``ok``, ``rate``
+    and ``execution``."""
+    cmd = [sys.executable, "-c", _CHILD, src, workload, str(n)]
     with tempfile.TemporaryDirectory() as workdir:
-        out = subprocess.run([sys.executable, "-c", _CHILD, src, workload, str(n), workdir],
+        out = subprocess.run(cmd + [workdir] + ([str(threads)] if threads is not None else []),
                              capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"the runs of ({workload}) failed:\n{out.stderr[-3000:]}")

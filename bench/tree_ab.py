@@ -28,29 +28,8 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 
-_WORKLOAD_CHILD = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from asyncfeed._bench.client import RunServer
-from asyncfeed._bench.config import Config, Settings
-from asyncfeed._bench.runner import Bench
-from asyncfeed._bench.synthetic import ensure_synthetic
-
-kinds = {"a": "folder", "b": "ram", "c": "gil", "g": "pil"}
-workload, runs, workdir, knob = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-bench = Bench(Settings(root=ensure_synthetic(1000, 10), synthetic=True), log=lambda m: None)
-family = "asyncfeed-map" if workload == "b" else "asyncfeed"
-spec = bench._spec(Config(workload, family, knob, dataset=kinds[workload], role="default"))
-server = RunServer(workdir)
-try:
-    for _ in range(runs):
-        out = server.run(spec, timeout=300, pss_interval=0.25 if workload == "b" else 1.0)
-        print(json.dumps({"rates": [out.get("rate") or 0.0]}), flush=True)
-finally:
-    server.close()
-"""
+from execution_choice import _runs  # bench/ is the script's own directory
 
 _DATASET_CHILD = r"""
 import json, sys, time
@@ -76,15 +55,12 @@ print(json.dumps({"rates": rates}))
 def _run(src: str, case: tuple[str, str], threads: int) -> list[list[float]]:
     """One turn of ``case`` on the tree at ``src``: the epochs' rates of each run."""
     kind, what = case
-    if kind == "workload":
-        with tempfile.TemporaryDirectory() as workdir:
-            cmd = [sys.executable, "-c", _WORKLOAD_CHILD, src, what, "1", workdir, str(threads)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    else:
-        name, execution = what.split(":")
-        env = dict(os.environ, PYTHONPATH=src)
-        out = subprocess.run([sys.executable, "-c", _DATASET_CHILD, name, execution],
-                             env=env, capture_output=True, text=True, check=False)
+    if kind == "workload":  # the bench's own run, as execution_choice.py makes it
+        return [[r["rate"] or 0.0] for r in _runs(src, what, 1, threads)]
+    name, execution = what.split(":")
+    env = dict(os.environ, PYTHONPATH=src)
+    out = subprocess.run([sys.executable, "-c", _DATASET_CHILD, name, execution],
+                         env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"{what} on {src} failed:\n{out.stderr[-3000:]}")
     return [json.loads(line)["rates"] for line in out.stdout.splitlines() if line.startswith("{")]
