@@ -138,6 +138,38 @@ def test_write_rows_declines_a_run_it_cannot_write_as_one():
             assert not w.write_rows(bufs, views, 0, 4, samples[:3] + [bad], bulk=bulk)
 
 
+def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says():
+    """A column of tensors goes in with one ``torch.stack``, which would promote or
+    cast a row of another dtype and refuse one of another shape, or one that needs
+    grad: each such run is declined whole (and nothing declined is left half
+    checked: the good run after it writes the bytes ``write_row`` writes)."""
+    def good(i):
+        return (torch.full((3, 4), i, dtype=torch.int16), torch.tensor(i))
+    samples = [good(i) for i in range(4)]
+    layout = Layout.infer(samples[0])
+    w = FlatWriter.for_layout(layout)
+    bufs = layout.allocate(4)
+    views = layout.numpy_views(bufs)
+    for bad in [(torch.zeros((3, 5), dtype=torch.int16), torch.tensor(1)),  # another shape
+                (torch.zeros((3, 4), dtype=torch.int32), torch.tensor(1)),  # another dtype
+                (torch.zeros((3, 4), dtype=torch.int16), torch.tensor(1.0)),
+                (torch.zeros((4, 3), dtype=torch.int16), torch.tensor(1))]:
+        for at in (0, 3):  # the first row (checked here) or a later one
+            run = samples[:at] + [bad] + samples[at + 1:]
+            for bulk in (False, True):
+                assert not w.write_rows(bufs, views, 0, 4, run, bulk=bulk)
+    floats = [(torch.full((2,), float(i), requires_grad=i == 2), i) for i in range(4)]
+    flayout = Layout.infer(floats[0])
+    fbufs = flayout.allocate(4)
+    fw = FlatWriter.for_layout(flayout)
+    assert not fw.write_rows(fbufs, flayout.numpy_views(fbufs), 0, 4, floats, bulk=True)
+    a, b = zeroed_pair(layout, 4)
+    assert w.write_rows(a, layout.numpy_views(a), 0, 4, samples, bulk=True)
+    for row in range(4):
+        layout.write_row(b, row, samples[row], layout.numpy_views(b))
+    assert_same_buffers(a, b)
+
+
 def test_a_dict_writer_declines_other_keys_and_containers():
     samples = [{"image": _rng_img(i, (3, 4)), "label": i} for i in range(4)]
     layout = Layout.infer(samples[0])

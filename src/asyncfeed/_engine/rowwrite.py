@@ -145,6 +145,9 @@ class FlatWriter:
         rows = samples[lo:hi]
         if self.single:
             columns: Any = (rows,)
+        elif self.keys is None and set(map(type, rows)) == {self.container} \
+                and set(map(len, rows)) == {self.k}:
+            columns = zip(*rows)  # tuples or lists: the rows are their leaves
         else:
             flat = [self._leaves(s) for s in rows]
             if any(leaves is None for leaves in flat):
@@ -152,6 +155,11 @@ class FlatWriter:
             columns = zip(*flat)
         for (j, kind, shape, dtype, nbytes), col in zip(self.specs, columns):
             v = views[j]
+            if bulk and v is not None and kind != "scalar" and kind != "list" \
+                    and set(map(type, col)) == {torch.Tensor}:
+                if not _stack_tensors(col, shape, dtype, bufs[j][lo:hi]):
+                    return False
+                continue
             if kind == "list":
                 for x in col:
                     if type(x) is not str and type(x) is not bytes:
@@ -167,10 +175,8 @@ class FlatWriter:
                 v[lo:hi] = col
             else:
                 vdtype = v.dtype
-                # tensors stack in one call whatever their size (a row's NumPy view
-                # costs more than its copy); arrays from BULK_ROW_BYTES a row
-                stacked = bulk and (nbytes >= BULK_ROW_BYTES
-                                    or all(type(x) is torch.Tensor for x in col))
+                # arrays (or arrays and tensors) stack from BULK_ROW_BYTES a row
+                stacked = bulk and nbytes >= BULK_ROW_BYTES
                 arrays: list[Any] = []
                 for x in col:
                     if type(x) is np.ndarray:
@@ -203,6 +209,24 @@ class FlatWriter:
                     _copy_row(v, row, x, nbytes)
                     row += 1
         return True
+
+
+def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tensor) -> bool:
+    """``out[:] = torch.stack(col)`` for a column of tensors that are all of ``shape``
+    and ``dtype``: one call, in C, for the whole run (a tensor row's NumPy view
+    costs more than its copy).  The first row's shape is checked here and the
+    rest by ``torch.stack``, which refuses rows of unequal shape; every row's
+    dtype is checked here, since ``torch.stack`` would promote or cast another
+    one.  False (rows written or not: the caller writes them again row by row)
+    for a run it cannot write so: another shape or dtype, a tensor that needs
+    grad or lives on another device."""
+    if col[0].shape != shape or {x.dtype for x in col} != {dtype}:
+        return False
+    try:
+        torch.stack(col, out=out)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _joined(dst: Any, lo: int, hi: int, nbytes: int, arrays: list[Any]) -> bool:
