@@ -147,6 +147,59 @@ def test_the_travel_cost_is_the_least_of_the_rows_that_travel():
     assert travel_cost([big, Counted(), Counted()], budget_s=0.0) is not None and not calls
 
 
+def _worker_rows(layout, rows, tmp_path):
+    """A worker's view (``worker._Rows``) of a fresh segment for ``rows`` rows."""
+    from asyncfeed._engine.processes import worker
+    from asyncfeed._engine.processes.shm import open_segment, segment_plan
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = str(tmp_path / "segment")
+    _, size = segment_plan(layout, rows)
+    open_segment(path, size, create=True).close()
+    return worker._Rows(path, layout, rows)
+
+
+@pytest.mark.parametrize("make", [
+    lambda i: (torch.full((3, 4, 4), i, dtype=torch.uint8), torch.tensor(i)),
+    lambda i: (np.full((2, 3), i / 7, np.float32), i, i % 2 == 0),
+    lambda i: {"x": torch.full((5,), i, dtype=torch.int16), "y": i * 0.5},
+], ids=["tensors", "arrays-and-scalars", "dict"])
+def test_a_workers_run_of_small_rows_goes_in_at_once_with_the_bytes_of_one_by_one(
+        make, tmp_path):
+    """A worker writes a task's small rows in one go (``_Rows.write_run``): the
+    bytes are those of writing them one at a time; a run with a row that does not
+    fit is declined whole (its rows are then written one by one, or go back
+    pickled)."""
+    from asyncfeed._memory.layout import Layout
+    samples = [make(i) for i in range(8)]
+    layout = Layout.infer(samples[0])
+    a, b = _worker_rows(layout, 8, tmp_path / "a"), _worker_rows(layout, 8, tmp_path / "b")
+    try:
+        assert a.writer is not None
+        assert a.write_run(2, samples[2:7])
+        for row in range(2, 7):
+            assert b.write(row, samples[row])
+        assert all(np.array_equal(x, y) for x, y in zip(a.views, b.views))
+        bad = make(0)
+        bad = (bad[0][:1], *bad[1:]) if isinstance(bad, tuple) else {**bad, "x": bad["x"][:2]}
+        assert not a.write_run(0, samples[:3] + [bad])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_worker_writes_big_rows_one_by_one_as_they_come(tmp_path):
+    from asyncfeed._engine.rowwrite import BULK_ROW_BYTES
+    from asyncfeed._memory.layout import Layout
+    side = int((BULK_ROW_BYTES // 3) ** 0.5) + 1
+    layout = Layout.infer((torch.zeros((3, side, side), dtype=torch.uint8), 0))
+    rows = _worker_rows(layout, 2, tmp_path)
+    try:
+        assert rows.writer is None
+        assert not rows.write_run(0, [(torch.zeros((3, side, side), dtype=torch.uint8), 0)])
+    finally:
+        rows.close()
+
+
 def test_rows_reach_shared_memory_not_pickles():
     with AsyncLoader(TupleFixed(96, shape=(3, 16, 16)), batch_size=16,
                      execution="processes") as al:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..._memory.layout import _PY_SCALARS, Layout, LayoutMismatch
+from ..rowwrite import BULK_ROW_BYTES, FlatWriter
 from .opened import forget_all
 from .shm import open_segment, remove_segments, segment_plan
 from .transport import dump_task, dumps_results, error_payload
@@ -74,6 +75,30 @@ class _Rows:
             dt = _NP_DTYPES[spec.dtype]
             self.views.append(np.frombuffer(self.mm, dtype=dt, count=n // dt.itemsize,
                                             offset=off).reshape(rows, *spec.shape))
+        # rows smaller than BULK_ROW_BYTES go in a task's run at a time (write_run):
+        # per row, the Python of a write costs more than the copy; bigger rows are
+        # written one by one as they come, while they are still in the cache
+        writer = FlatWriter.for_layout(layout) \
+            if all(v is not None for v in self.views) else None
+        self.writer = writer if writer is not None \
+            and sum(spec[4] for spec in writer.specs) < BULK_ROW_BYTES else None
+        self.bufs = [torch.from_numpy(v) for v in self.views if v is not None] \
+            if self.writer is not None else []
+
+    def write_run(self, lo: int, samples: list[Any]) -> bool:
+        """Write ``samples`` into rows ``lo, lo + 1, ...`` at once, column by column
+        (``FlatWriter.write_rows``: one ``torch.stack`` for a column of tensors);
+        False (nothing that matters written) where rows are not written so (big
+        rows, or samples that do not all fit the layout the way ``FlatWriter``
+        takes them): the caller then writes them one by one."""
+        if self.writer is None or not samples:
+            return False
+        hi = lo + len(samples)
+        at: list[Any] = [None] * lo + samples
+        try:
+            return self.writer.write_rows(self.bufs, self.views, lo, hi, at, bulk=True)
+        except Exception:  # noqa: BLE001 - written row by row, where it finds its row
+            return False
 
     def write(self, row: int, sample: Any) -> bool:
         """Write ``sample`` into ``row``; False (nothing that matters written) if it
@@ -242,6 +267,8 @@ def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows |
     ``target``, ``(row, "s", sample)`` to pickle back, ``(row, "e", payload)`` for an
     exception.  Stops early when the stage says stop (``inbox.stopped``)."""
     out: list[tuple[int, str, Any]] = []
+    held: list[tuple[int, Any]] = []  # loaded rows for one write_run at the end
+    bulk = target is not None and target.writer is not None
     for row, idx in zip(rows, indices):
         if inbox.stop_asked():
             break
@@ -251,9 +278,31 @@ def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows |
             out.append((row, "e", error_payload(e)))
             del e
             continue
-        if target is not None and target.write(row, sample):
+        if bulk:
+            held.append((row, sample))
+        elif target is not None and target.write(row, sample):
             out.append((row, "w", None))
         else:
             out.append((row, "s", sample))
         del sample
+    if held and target is not None and not inbox.stopped:
+        _write_held(target, held, out)
     return out
+
+
+def _write_held(target: _Rows, held: list[tuple[int, Any]], out: list[Any]) -> None:
+    """Write the loaded ``(row, sample)`` pairs of a task: each run of consecutive
+    rows at once where it can (``_Rows.write_run``), else one by one; a sample
+    that does not fit goes back pickled."""
+    i = 0
+    while i < len(held):
+        j = i + 1
+        while j < len(held) and held[j][0] == held[j - 1][0] + 1:
+            j += 1
+        run = held[i:j]
+        if target.write_run(run[0][0], [sample for _, sample in run]):
+            out.extend((row, "w", None) for row, _ in run)
+        else:
+            for row, sample in run:
+                out.append((row, "w", None) if target.write(row, sample) else (row, "s", sample))
+        i = j
