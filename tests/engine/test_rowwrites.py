@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import torch
 
-from asyncfeed import AsyncLoader
 from asyncfeed._engine import samples
 from asyncfeed._engine.tasksize import Gate
 from asyncfeed._memory.layout import Layout, _Leaf
