@@ -77,6 +77,12 @@ class FlatWriter:
                 nbytes = math.prod(s.shape) * torch.empty((), dtype=s.dtype).element_size()
             self.specs.append((leaf.j, s.kind, s.shape, s.dtype, nbytes))
 
+    @property
+    def row_bytes(self) -> int:
+        """The bytes of a row's array and tensor leaves (scalars and strings not
+        counted)."""
+        return sum(spec[4] for spec in self.specs)
+
     @classmethod
     def for_layout(cls, layout: Layout) -> FlatWriter | None:
         skel = layout.skeleton

@@ -81,9 +81,8 @@ class _Rows:
         writer = FlatWriter.for_layout(layout) \
             if all(v is not None for v in self.views) else None
         self.writer = writer if writer is not None \
-            and sum(spec[4] for spec in writer.specs) < BULK_ROW_BYTES else None
-        self.bufs = [torch.from_numpy(v) for v in self.views if v is not None] \
-            if self.writer is not None else []
+            and writer.row_bytes < BULK_ROW_BYTES else None
+        self.bufs = [torch.from_numpy(v) for v in self.views] if self.writer is not None else []
 
     def write_run(self, lo: int, samples: list[Any]) -> bool:
         """Write ``samples`` into rows ``lo, lo + 1, ...`` at once, column by column
