@@ -31,6 +31,8 @@ import sys
 
 from execution_choice import _runs  # bench/ is the script's own directory
 
+# the public API and userdata.build only: the tree before may predate the outcome
+# bench's own round runner (asyncfeed._bench.outcome_round) and its options
 _DATASET_CHILD = r"""
 import json, sys, time
 from asyncfeed import AsyncLoader

@@ -244,12 +244,7 @@ class Pipeline(BatchHandoff):
         except BaseException as e:  # noqa: BLE001
             b.error = e
         end = self.acct.end(DECODE, t, b.n)
-        b.done[:] = b"\x01" * b.n
-        b.remaining = 0
-        with self.cond:
-            self.completions.count(b.n, batch_done=True)
-            self.rows_cpu_s += end[1] - t[1]  # the rows' CPU, as a task of rows reports it
-        self.complete(b)
+        self.rows_done(b, 0, b.n, end[1] - t[1])  # all its rows, as one task of rows
 
     # ------------------------------------------------------------- execution
     def start(self) -> None:
