@@ -1,4 +1,4 @@
-"""What the fused training path spends per image, and what region decoding could save.
+"""What the fused training path spends per image, and what region decoding saves.
 
     PYTHONPATH=src python bench/augment_decode_costs.py [FOLDER] [--size 224] [--rounds 5]
         [--loader-epochs 3] [--execution auto] [--batch-size 32] [--loader-only]
@@ -11,14 +11,14 @@ medians over the rounds, and the worst round.  Prints:
 1. libjpeg-turbo's decode at each M/8 scale simplejpeg offers (why only 1/2, 1/4
    and 1/8 are used);
 2. the share of training windows decoded at full size, 1/2, 1/4, 1/8;
-3. the fused sample's steps: header + window, decode (at the reduction chosen),
+3. the fused sample's steps: header + window, decode (at the reduction chosen) of
+   the whole image (simplejpeg) and of the window's region only (TurboJPEG 3's
+   cropping region, ``_data/jpegregion.py``, where the library is installed),
    crop + resize (``"area"``, OpenCV's ``INTER_AREA`` for comparison, and
-   ``"linear"``), flip + CHW write; and the whole sample; and how far each
-   resize lands from torchvision's antialiased one;
-4. the share of each image a decoder that stopped after the window's last row
-   (libjpeg-turbo's ``jpeg_crop_scanline``/``jpeg_skip_scanlines``, or
-   TurboJPEG 3's cropping region; none of simplejpeg, Pillow and OpenCV expose it)
-   would leave undecoded: an upper bound on what region decoding would save;
+   ``"linear"``), flip + CHW write; and the whole sample, by either decode; and
+   how far each resize lands from torchvision's antialiased one;
+4. the share of each image below the window's last row (what region decoding
+   never reads);
 5. the loader: the PIL pipeline of workload (h) (``PilAugment[i]``, the CPU
    reference of its targets) and ``ImageFolder(train=True)[i]`` over every image
    (the per-sample functions with their file reads, one thread) against ``AsyncLoader`` (its defaults,
@@ -47,7 +47,7 @@ import simplejpeg
 
 from asyncfeed import ImageFolder
 from asyncfeed._bench.workloads import PilAugment
-from asyncfeed._data import augment
+from asyncfeed._data import augment, jpegregion
 from asyncfeed._data.augment import RandomResizedCrop, draw_window, sample_uniforms
 from asyncfeed._data.image import Interpolation
 
@@ -136,6 +136,14 @@ def main(argv: list[str] | None = None) -> int:
             kw = {} if k == 1 else {"min_height": -(-h // k), "min_width": -(-w // k)}
             simplejpeg.decode_jpeg(r, colorspace="RGB", **kw)
 
+    def decode_region() -> None:
+        for r, (h, w), win, k in zip(raws, heads, wins, ks):
+            head = jpegregion.read_header(r)
+            if head is None or jpegregion.decode_region(
+                    r, head, k, *_pairs(augment._bounds(win, h, w, -(-h // k), -(-w // k)))) \
+                    is None:
+                simplejpeg.decode_jpeg(r, colorspace="RGB")  # what the loader falls back to
+
     def resize(interp: Interpolation):
         def run() -> None:
             for c in decoded:
@@ -152,21 +160,35 @@ def main(argv: list[str] | None = None) -> int:
         for i, c in enumerate(resized):
             augment.hwc_to_chw(cv2.flip(c, 1) if wins[i].flip else c, out)
 
-    def whole(interp: Interpolation):
+    def whole(interp: Interpolation, region: bool = True):
         dec = augment.RandomResizedCropDecoder(args.size, interpolation=interp, seed=0)
 
         def run() -> None:
-            for i, r in enumerate(raws):
-                dec.decode(r, i, out)
+            real = jpegregion.read_header
+            if not region:
+                jpegregion.read_header = lambda raw: None  # type: ignore[assignment]
+            try:
+                for i, r in enumerate(raws):
+                    dec.decode(r, i, out)
+            finally:
+                jpegregion.read_header = real  # type: ignore[assignment]
         return run, n
-    res = _rounds({"header + window": (header, n), "decode": (decode, n),
-                   "resize area": resize("area"), "resize INTER_AREA": (inter_area, n),
-                   "resize linear": resize("linear"),
-                   "flip + CHW write": (flip_write, n), "whole sample, area": whole("area"),
-                   "whole sample, linear": whole("linear")}, args.rounds)
+    steps = {"header + window": (header, n), "decode, whole image": (decode, n)}
+    if jpegregion.available():
+        steps["decode, region only"] = (decode_region, n)
+    steps.update({"resize area": resize("area"), "resize INTER_AREA": (inter_area, n),
+                  "resize linear": resize("linear"), "flip + CHW write": (flip_write, n),
+                  "whole sample, area": whole("area"),
+                  "whole sample, linear": whole("linear")})
+    if jpegregion.available():
+        steps["whole sample, area, whole-image decode"] = whole("area", region=False)
+    else:
+        print("(no TurboJPEG 3 library: pip install 'asyncfeed[turbo]' to measure region "
+              "decoding)")
+    res = _rounds(steps, args.rounds)
     print("\n3. the fused sample's steps")
     for k, (med, worst) in res.items():
-        print(f"   {k:<22} {med:.3f} ({worst:.3f})")
+        print(f"   {k:<38} {med:.3f} ({worst:.3f})")
     _closeness(decoded, args.size)
 
     below = [1 - (win.top + win.height) / h for win, (h, _) in zip(wins, heads)]
@@ -176,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.loader_epochs > 0:
         _loader_costs(root, args)
     return 0
+
+
+def _pairs(b: tuple[int, int, int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (b[0], b[1]), (b[2], b[3])
 
 
 def _closeness(windows: list[np.ndarray], size: int) -> None:

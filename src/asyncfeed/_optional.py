@@ -5,6 +5,8 @@ progress bars, the benchmark and GPU telemetry live in extras (``pyproject.toml`
 
     remote    fsspec, s3fs, aiohttp (botocore comes with s3fs)
     progress  tqdm
+    turbo     turbojpeg (its wheels carry libjpeg-turbo 3, which ``_data/jpegregion.py``
+              loads with ctypes, without importing the package: not listed below)
     bench     the above, psutil, matplotlib, torchdata, spdl-core
     gpu       nvidia-ml-py (pynvml)
 

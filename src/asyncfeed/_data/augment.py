@@ -16,8 +16,11 @@ the decoder does only what the window needs: libjpeg-turbo decodes at 1/2, 1/4
 or 1/8 scale (its DCT-domain reduction) whenever the window stays at least
 ``size`` on both sides at that scale.  Only those three reductions are used: the
 other M/8 scales run libjpeg-turbo's plain-C IDCTs and decode slower than full
-size (``docs/augmentation.md`` has the measurements).  The window is then cut
-out, resized with the chosen interpolation, flipped, and written as CHW in place.
+size (``docs/augmentation.md`` has the measurements).  Where libjpeg-turbo 3 is
+installed (``asyncfeed[turbo]``), only the window's region is decoded
+(:mod:`.jpegregion`); otherwise the whole image, and the window is cut out of it:
+the same pixels either way.  The window is then resized with the chosen
+interpolation, flipped, and written as CHW in place.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 import simplejpeg
 
+from . import jpegregion
 from .image import (_JPEG_MAGIC, Interpolation, MaxPixels, _decode_pillow, _opencv,
                     check_pixels, hwc_to_chw, pixel_limit, preload_resize)
 
@@ -151,8 +155,21 @@ def _reduction(win: Window, size: int) -> int:
 def _decode_window(raw: bytes, win_of: Callable[[int, int], Window], size: int, limit: int | None
                    ) -> tuple[np.ndarray, Window]:
     """Decode ``raw`` (at a reduced scale where the window allows) and cut out the
-    window ``win_of(height, width)`` draws: ``(HWC pixels of the window, window)``."""
+    window ``win_of(height, width)`` draws: ``(HWC pixels of the window, window)``.
+    Only the window's region is decoded where :mod:`.jpegregion` can; otherwise
+    the whole image, with the same pixels."""
     if raw[:3] == _JPEG_MAGIC:
+        if isinstance(raw, bytes):
+            region = jpegregion.read_header(raw)
+            if region is not None:
+                height, width = region.height, region.width
+                check_pixels(height, width, limit)
+                win = win_of(height, width)
+                k = _reduction(win, size)
+                y0, y1, x0, x1 = _bounds(win, height, width, -(-height // k), -(-width // k))
+                crop = jpegregion.decode_region(raw, region, k, (y0, y1), (x0, x1))
+                if crop is not None:
+                    return crop, win
         try:
             header = simplejpeg.decode_jpeg_header(raw)
         except ValueError:
@@ -175,16 +192,23 @@ def _decode_window(raw: bytes, win_of: Callable[[int, int], Window], size: int, 
     return _cut(rgb, win, height, width), win
 
 
-def _cut(rgb: np.ndarray, win: Window, height: int, width: int) -> np.ndarray:
-    """The window of a full-size ``height`` x ``width`` image in ``rgb``, which may be
-    that image decoded at a reduced scale (bounds rounded to its pixels)."""
-    oh, ow = rgb.shape[:2]
+def _bounds(win: Window, height: int, width: int, oh: int, ow: int
+            ) -> tuple[int, int, int, int]:
+    """``(y0, y1, x0, x1)``: the window of a full-size ``height`` x ``width`` image
+    in that image decoded at ``oh`` x ``ow`` (rounded to its pixels, never empty)."""
     if (oh, ow) == (height, width):
-        return rgb[win.top:win.top + win.height, win.left:win.left + win.width]
+        return win.top, win.top + win.height, win.left, win.left + win.width
     sy, sx = oh / height, ow / width
     y0, x0 = round(win.top * sy), round(win.left * sx)
     y1 = max(y0 + 1, min(oh, round((win.top + win.height) * sy)))
     x1 = max(x0 + 1, min(ow, round((win.left + win.width) * sx)))
+    return y0, y1, x0, x1
+
+
+def _cut(rgb: np.ndarray, win: Window, height: int, width: int) -> np.ndarray:
+    """The window of a full-size ``height`` x ``width`` image in ``rgb``, which may be
+    that image decoded at a reduced scale (:func:`_bounds`)."""
+    y0, y1, x0, x1 = _bounds(win, height, width, rgb.shape[0], rgb.shape[1])
     return rgb[y0:y1, x0:x1]
 
 
@@ -311,6 +335,7 @@ class RandomResizedCropDecoder:
         self.seed = resolve_seed(seed)
         self.epoch = 0
         preload_resize()
+        jpegregion.available()  # finds and loads the library now, not in a pass
         import numpy.random  # noqa: F401 (numpy loads it on first use: now, not in a pass)
 
     def set_epoch(self, epoch: int) -> None:
