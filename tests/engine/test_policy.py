@@ -154,6 +154,78 @@ def test_a_consumer_that_is_the_bottleneck_gets_the_cheapest_candidate_that_keep
     assert d.processes_skipped is Reason.CONSUMER
 
 
+# ------------------------------------------------------------------ the order of the search
+def _first_processes(ran: list[Candidate]) -> int:
+    return next(i for i, c in enumerate(ran) if c.mode is Mode.PROCESSES)
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_threads_that_ran_the_rows_one_at_a_time_duel_processes_first(cores):
+    """Pure Python whose windows show it: the start's threads took one core between
+    them while the process was busy.  Processes are dueled before one thread runs
+    a window, and win; the old order's choice, in fewer windows."""
+    sp = space(cores)
+    # the rows' CPU plus the rest of the process (the GIL's hand-offs, the consumer):
+    # one core or a little more, however many threads
+    other = 1.05 - gil_bound(cores)(sp.start) / 1000.0 + 0.05
+    rec, ran = run(sp, gil_bound(cores), 0.02, core_rate=1000.0, other_cores=other)
+    d = decide(rec, sp)
+    assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
+    assert threads(1) not in ran[:_first_processes(ran)], ran
+    assert (d.duels[0].cheap, d.duels[0].dear) == (threads(cores), processes(cores))
+    assert d.inline_skipped is Reason.NO_ROOM
+    # the same readings without the CPU: the search in its usual order gets there too
+    rec2, ran2 = run(sp, gil_bound(cores), 0.02)
+    assert decide(rec2, sp).choice == processes(cores)
+    assert threads(1) in ran2[:_first_processes(ran2)] and len(ran) < len(ran2)
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_threads_that_used_their_cores_keep_the_order(cores):
+    """GIL-free rows: the start's threads took every core; one thread's duel comes
+    first, and processes are never forked (their bound)."""
+    sp = space(cores)
+    rec, ran = run(sp, gil_free(cores), 0.02, core_rate=1000.0, other_cores=0.1)
+    assert ran[:2] == [threads(cores), threads(1)], ran
+    d = decide(rec, sp)
+    assert d.choice == threads(cores) and d.processes_skipped is Reason.NO_ROOM, d
+
+
+def test_rows_that_wait_keep_the_order():
+    """Rows that wait on storage use little CPU, and so does the whole process: not
+    threads that ran one at a time, whatever the rows' own CPU reads."""
+    sp = space(2, pool=4)
+    rec, ran = run(sp, io_bound(2), 0.0, core_rate=20_000.0, other_cores=0.01)
+    assert ran[:2] == [threads(2), threads(1)], ran
+    assert decide(rec, sp).choice == threads(4)
+
+
+def test_a_process_that_leaves_processes_no_second_core_keeps_the_order():
+    """Threads that ran one at a time beside a consumer that keeps a whole core
+    busy: processes would have one core, which one thread has too; the order
+    stays, and their bound skips them after one thread's duel."""
+    sp = space(2)
+    rec, ran = run(sp, gil_bound(2), 0.0, core_rate=1000.0, other_cores=1.0)
+    assert ran[:2] == [threads(2), threads(1)], ran
+    assert not any(c.mode is Mode.PROCESSES for c in ran), ran
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_processes_that_lose_when_dueled_first_leave_the_search_to_go_on(cores):
+    """Serialised threads, but processes slower still (each row's trip costs more
+    than it saves): the start stays, and the search goes on from one thread's duel
+    to inline, which wins as it does in the usual order."""
+    sp = space(cores)
+    rate = _contended(1100.0, 1000.0, 200.0)
+    rec, ran = run(sp, rate, 0.0, core_rate=1000.0, other_cores=0.8)
+    assert ran[_first_processes(ran) - 1].mode is Mode.THREADS
+    d = decide(rec, sp)
+    assert d.duels[0].dear == processes(cores) and d.duels[0].winner == threads(cores), d
+    assert d.choice == INLINE and threads(1) in ran, (d, ran)
+    rec2, _ = run(sp, rate, 0.0)
+    assert decide(rec2, sp).choice == INLINE
+
+
 def test_rows_that_wait_get_more_threads_than_cores():
     rec, _ = run(space(2, pool=4), io_bound(2))
     assert decide(rec, space(2, pool=4)).choice == threads(4)

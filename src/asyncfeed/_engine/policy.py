@@ -75,6 +75,17 @@ The search, replayed from the record by :func:`decide` (a pure function):
    come before inline so that rows whose threads do not scale reach processes
    after one duel.
 
+Signals order the search, never decide it: where the start's first window
+shows its threads ran the rows one at a time (together they took no more than
+one core, within ``min_margin``, while the whole process was busy on one core or
+more: the GIL, held by the rows or the consumer's own Python, serialised them),
+step 4 comes first, without one thread's solo windows for its bound -- fewer
+threads cannot beat threads that already ran one at a time, and processes are
+the one candidate that can (rows that wait on storage leave the process idle
+instead, and keep the order).  The other steps follow as above: where processes
+won, the ladder's duels have no thread choice to start from and inline meets the
+one-core bound; where they lost, the search goes on from step 1.
+
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of the last
 ``recheck_windows`` settled windows (as many as the wait below) leaves the
@@ -178,6 +189,7 @@ class _Replay:
         self.moved = False             # the current phase moved the choice
         self.rival: Candidate | None = None
         self.soloing = False
+        self.processes_first = False   # the start's threads ran the rows one at a time
         self.mine: list[Window] = []
         self.theirs: list[Window] = []
         self._advance()
@@ -300,10 +312,13 @@ class _Replay:
             self.skipped = Reason.HANDOFF
             return None
         if threads(1) in self.rungs:
-            if self._one_thread_rate() is None:
+            solo = self._one_thread_rate()
+            if solo is None:
+                if self.processes_first:
+                    return p  # threads ran one at a time: no bound to measure first
                 self.soloing = True
                 return None
-            if self._reaches(min(self._cores_left(), p.count) * (self._one_thread_rate() or 0.0)):
+            if self._reaches(min(self._cores_left(), p.count) * solo):
                 self.skipped = Reason.NO_ROOM
                 return None
         return p
@@ -403,6 +418,8 @@ class _Replay:
             self.theirs.append(w)
         else:
             return
+        if self._order_processes_first():
+            return
         n = self.config.like_windows * self.round
         if len(self.mine) < n or len(self.theirs) < n:
             if not self._hopeless():
@@ -432,6 +449,42 @@ class _Replay:
             self.phases.pop(0)
             self.moved = False
         self._advance()
+
+    def _order_processes_first(self) -> bool:
+        """After the start's first window of the first search: where its threads ran
+        the rows one at a time (:meth:`_serialised`), open the processes duel now
+        (see the module docstring); True where it did."""
+        if self.phases[:1] != ["bottom"] or self.single_step or self.processes_first \
+                or self.theirs or len(self.mine) != 1 or self.choice != self.space.start \
+                or self.choice.mode is not Mode.THREADS or self.choice.count < 2 \
+                or self.process is None or "processes" not in self.phases \
+                or not self._serialised(self.mine):
+            return False
+        # where processes could be skipped in their own phase, the order stays: the
+        # consumer already takes no more; the hand-off bounds them below one core's
+        # rate of the rows (what fewer threads or inline may still reach); or the
+        # process leaves them no more than a core
+        first, m = self.mine[0], self._margin()
+        if first.ceiling <= first.rate * (1 + m) \
+                or self._core_rate() * (1 + m) >= self._handoff_bound() \
+                or min(self._cores_left(), self.process.count) <= 1 + m:
+            return False
+        self.processes_first = True
+        self.phases.remove("processes")
+        self.phases.insert(0, "processes")
+        self._advance()
+        return True
+
+    def _serialised(self, windows: list[Window]) -> bool:
+        """Whether threads ran the rows of ``windows`` one at a time: the rows took no
+        more than one core (within ``min_margin``) while the whole process took at
+        least one.  False where the CPU is not known."""
+        ws = [w for w in windows if w.cpu > 0 and w.process_cpu > 0 and w.seconds > 0]
+        if not ws:
+            return False
+        secs, m = sum(w.seconds for w in ws), self.config.min_margin
+        return sum(w.cpu for w in ws) / secs <= 1 + m \
+            and sum(w.process_cpu for w in ws) / secs >= 1 - m
 
     def _hopeless(self) -> bool:
         """Whether the rival's first window read below every window of the choice by
