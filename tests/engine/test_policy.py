@@ -173,10 +173,10 @@ def test_threads_that_ran_the_rows_one_at_a_time_duel_processes_first(cores):
     assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
     assert threads(1) not in ran[:_first_processes(ran)], ran
     assert (d.duels[0].cheap, d.duels[0].dear) == (threads(cores), processes(cores))
-    assert d.inline_skipped is Reason.NO_ROOM
+    assert d.inline_skipped is Reason.NO_ROOM and d.processes_first
     # the same readings without the CPU: the search in its usual order gets there too
     rec2, ran2 = run(sp, gil_bound(cores), 0.02)
-    assert decide(rec2, sp).choice == processes(cores)
+    assert decide(rec2, sp).choice == processes(cores) and not decide(rec2, sp).processes_first
     assert threads(1) in ran2[:_first_processes(ran2)] and len(ran) < len(ran2)
 
 
@@ -189,6 +189,7 @@ def test_threads_that_used_their_cores_keep_the_order(cores):
     assert ran[:2] == [threads(cores), threads(1)], ran
     d = decide(rec, sp)
     assert d.choice == threads(cores) and d.processes_skipped is Reason.NO_ROOM, d
+    assert not d.processes_first
 
 
 def test_rows_that_wait_keep_the_order():
@@ -932,6 +933,14 @@ def test_the_report_is_data_and_its_str_a_sentence():
     text = str(r)
     assert text.startswith("processes: 2 worker processes (measured faster"), text
     assert "2 worker processes: 1,800 rows/s" in text, text
+    assert not r.processes_first and "tried first" not in text
+    # readings that show the threads serialised: the report says processes came first
+    rec, _ = run(space(2), gil_bound(2), core_rate=1000.0, other_cores=0.1)
+    ch.record, ch.decision = rec, decide(rec, space(2))
+    ch.current = ch.decision.choice
+    r = ch.report()
+    assert r.processes_first and r.mode is Mode.PROCESSES, r
+    assert "processes tried first: the threads ran the rows one at a time" in str(r)
 
 
 # ------------------------------------------------------- what exploring costs

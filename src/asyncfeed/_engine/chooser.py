@@ -370,4 +370,5 @@ class Chooser:
                                candidates=measured(self.record), margin=d.margin,
                                processes_skipped=d.processes_skipped, detail=self.detail,
                                inline_skipped=d.inline_skipped,
-                               threads_skipped=d.threads_skipped)
+                               threads_skipped=d.threads_skipped,
+                               processes_first=d.processes_first)

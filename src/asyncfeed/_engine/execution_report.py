@@ -36,7 +36,9 @@ class ExecutionReport:
     ``inline_skipped``: why inline was not measured (``NO_ROOM``: processes won by
     more than one core's rate of the rows), if it was not.  ``threads_skipped``:
     why more threads were not measured (``NO_ROOM``: the rows already ran at the
-    cores' rate), if they were not.  ``str()`` is a sentence."""
+    cores' rate), if they were not.  ``processes_first``: processes were dueled
+    first, the start's threads having run the rows one at a time.  ``str()`` is a
+    sentence."""
 
     mode: Mode
     count: int
@@ -47,6 +49,7 @@ class ExecutionReport:
     detail: str = ""
     inline_skipped: Reason | None = None
     threads_skipped: Reason | None = None
+    processes_first: bool = False
 
     @property
     def candidate(self) -> Candidate:
@@ -75,6 +78,8 @@ class ExecutionReport:
             parts.append("measured " + ", ".join(
                 f"{k}: {v:,.0f} rows/s" for k, v in sorted(rates.items(),
                                                            key=lambda kv: kv[0].cost)))
+        if self.processes_first:
+            parts.append("processes tried first: the threads ran the rows one at a time")
         if self.processes_skipped is Reason.NO_ROOM:
             parts.append("processes not tried: one thread's rate times the cores left to "
                          "them leaves them no room")

@@ -131,7 +131,8 @@ class Decision:
     rows, which is all inline can run; else None.  ``threads_skipped``: ``NO_ROOM`` where more
     threads were not measured because the rows already ran at the cores' rate
     (rows per CPU second of the thread windows together, times the cores left to
-    them, less the margin); else None."""
+    them, less the margin); else None.  ``processes_first``: the start's threads
+    ran the rows one at a time, so processes were dueled first (the search's order)."""
 
     run: Candidate
     choice: Candidate
@@ -144,6 +145,7 @@ class Decision:
     rival: Candidate | None = None
     inline_skipped: Reason | None = None
     threads_skipped: Reason | None = None
+    processes_first: bool = False
 
     def most_threads(self) -> int:
         """The most threads the candidates of the open duel run (inline and processes
@@ -530,7 +532,8 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     duels=tuple(r.duels), margin=r.margin, choice_rate=r.choice_rate,
                     processes_skipped=r.skipped,
                     rival=threads(1) if r.soloing else r.rival,
-                    inline_skipped=r.inline_skipped, threads_skipped=r.threads_skipped)
+                    inline_skipped=r.inline_skipped, threads_skipped=r.threads_skipped,
+                    processes_first=r.processes_first)
 
 
 def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:
