@@ -136,13 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             kw = {} if k == 1 else {"min_height": -(-h // k), "min_width": -(-w // k)}
             simplejpeg.decode_jpeg(r, colorspace="RGB", **kw)
 
-    def decode_region() -> None:
-        for r, (h, w), win, k in zip(raws, heads, wins, ks):
-            head = jpegregion.read_header(r)
-            if head is None or jpegregion.decode_region(
-                    r, head, k, *_pairs(augment._bounds(win, h, w, -(-h // k), -(-w // k)))) \
-                    is None:
-                simplejpeg.decode_jpeg(r, colorspace="RGB")  # what the loader falls back to
+    def decode_region() -> None:  # as the loader decodes: the region, or its fallback
+        for r, win in zip(raws, wins):
+            augment._decode_window(r, lambda h, w, win=win: win, args.size, None)
 
     def resize(interp: Interpolation):
         def run() -> None:
@@ -198,10 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.loader_epochs > 0:
         _loader_costs(root, args)
     return 0
-
-
-def _pairs(b: tuple[int, int, int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
-    return (b[0], b[1]), (b[2], b[3])
 
 
 def _closeness(windows: list[np.ndarray], size: int) -> None:

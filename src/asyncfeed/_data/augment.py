@@ -159,27 +159,28 @@ def _decode_window(raw: bytes, win_of: Callable[[int, int], Window], size: int, 
     Only the window's region is decoded where :mod:`.jpegregion` can; otherwise
     the whole image, with the same pixels."""
     if raw[:3] == _JPEG_MAGIC:
-        if isinstance(raw, bytes):
-            region = jpegregion.read_header(raw)
-            if region is not None:
-                height, width = region.height, region.width
-                check_pixels(height, width, limit)
-                win = win_of(height, width)
-                k = _reduction(win, size)
-                y0, y1, x0, x1 = _bounds(win, height, width, -(-height // k), -(-width // k))
-                crop = jpegregion.decode_region(raw, region, k, (y0, y1), (x0, x1))
-                if crop is not None:
-                    return crop, win
-        try:
-            header = simplejpeg.decode_jpeg_header(raw)
-        except ValueError:
-            header = None  # Pillow reads the header below, or says what is wrong
-        if header is not None:
-            height, width = int(header[0]), int(header[1])
+        region = jpegregion.read_header(raw) if isinstance(raw, bytes) else None
+        dims: tuple[int, int] | None = None
+        if region is not None:
+            dims = region.height, region.width
+        else:
+            try:
+                header = simplejpeg.decode_jpeg_header(raw)
+                dims = int(header[0]), int(header[1])
+            except ValueError:
+                pass  # Pillow reads the header below, or says what is wrong
+        if dims is not None:
+            height, width = dims
             check_pixels(height, width, limit)
             win = win_of(height, width)
             k = _reduction(win, size)
-            kw = {} if k == 1 else {"min_height": -(-height // k), "min_width": -(-width // k)}
+            oh, ow = -(-height // k), -(-width // k)
+            if region is not None:
+                y0, y1, x0, x1 = _bounds(win, height, width, oh, ow)
+                crop = jpegregion.decode_region(raw, region, k, (y0, y1), (x0, x1))
+                if crop is not None:
+                    return crop, win
+            kw = {} if k == 1 else {"min_height": oh, "min_width": ow}
             try:
                 rgb = simplejpeg.decode_jpeg(raw, colorspace="RGB", strict=True, **kw)
             except ValueError:
