@@ -46,6 +46,16 @@ class Sha:  # hashing a 1 MiB buffer: the GIL released
     def __getitem__(self, i):
         return torch.tensor(list(hashlib.sha256(self.buf + bytes([i % 256])).digest()[:4]))
 
+class Mixed:  # hashing (the GIL released), then twice as long in pure Python (held)
+    buf = bytes(1 << 20)
+    def __len__(self): return 2000
+    def __getitem__(self, i):
+        h = hashlib.sha256(self.buf + bytes([i % 256])).digest()
+        x = 0
+        for k in range(24000):
+            x += k * k % 7
+        return torch.tensor([x, h[0], i])
+
 class Noop:  # costs nothing: the loader's own overhead
     row = np.zeros((3, 8, 8), np.uint8)
     def __len__(self): return 50000
@@ -100,7 +110,7 @@ class Sleepy:  # waits for I/O (the GIL released, no CPU)
         time.sleep(0.004)
         return torch.tensor([i])
 
-sets = {"gil": (Gil(), 16, None), "sha": (Sha(), 16, None), "noop": (Noop(), 256, None),
+sets = {"gil": (Gil(), 16, None), "sha": (Sha(), 16, None), "mixed": (Mixed(), 16, None), "noop": (Noop(), 256, None),
         "dicts": (Dicts(), 32, collate_dicts), "tokens": (Tokens(), 64, collate_tokens),
         "cifar": (Cifar(), 128, None), "sleepy": (Sleepy(), 16, None)}
 ds, bs, collate = sets[name]
@@ -121,7 +131,7 @@ al.close()
 print(json.dumps(out))
 """
 
-SETS = ("gil", "sha", "noop", "dicts", "tokens", "cifar", "sleepy")
+SETS = ("gil", "sha", "mixed", "noop", "dicts", "tokens", "cifar", "sleepy")
 
 
 def main() -> None:

@@ -201,6 +201,67 @@ def test_rows_that_wait_keep_the_order():
     assert decide(rec, sp).choice == threads(4)
 
 
+def partly_gil(c: int, procs: float | None = None):
+    """Rows that hold the GIL about half their time (a GIL-free decode, then Python):
+    two threads or more read 1.4x one thread, those past the cores a little less;
+    processes scale with the cores (or read ``procs``: their hand-off costs)."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 290.0
+        if x.mode is Mode.THREADS:
+            return (420.0 if x.count > 1 else 300.0) - 5.0 * max(0, x.count - c)
+        return procs if procs is not None else 300.0 * min(x.count, c) * 0.95
+    return rate
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_rows_one_thread_ran_without_waiting_duel_processes_before_more_threads(cores):
+    """One thread's rows took a core (they never waited), and threads past the
+    start cannot be more than the cores: processes are dueled before more threads
+    than the cores run a window, and win."""
+    sp = space(cores)
+    rec, ran = run(sp, partly_gil(cores), core_rate=300.0)
+    d = decide(rec, sp)
+    assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
+    assert d.processes_before_up and not d.processes_first, d
+    assert all(c.count <= cores for c in ran if c.mode is Mode.THREADS), ran
+
+
+def test_processes_skipped_by_their_bound_are_not_reported_tried_before_more_threads():
+    """GIL-free rows, one thread at a core: the order changes, but the bound of one
+    thread's rate skips processes in their turn; the decision does not say they
+    were tried first."""
+    sp = space(2)
+    rec, ran = run(sp, gil_free(2), core_rate=1000.0)
+    d = decide(rec, sp)
+    assert d.choice == threads(2) and d.processes_skipped is Reason.NO_ROOM, d
+    assert not d.processes_before_up and Mode.PROCESSES not in {c.mode for c in ran}
+
+
+def test_where_processes_lose_more_threads_than_the_cores_follow():
+    """The order changed, not the duels: processes slower than two threads (their
+    hand-off), then four threads on two cores are dueled, and lose."""
+    sp = space(2)
+    rec, ran = run(sp, partly_gil(2, procs=380.0), core_rate=300.0)
+    d = decide(rec, sp)
+    assert d.processes_before_up and d.choice == threads(2), d
+    assert _first_processes(ran) < ran.index(threads(4)), ran
+
+
+def test_rows_one_thread_ran_with_waits_keep_the_order():
+    """The same rates, but one thread's rows took half a core (they waited): more
+    threads than the cores may overlap the waits, and are dueled before processes.
+    (On more cores these rates walk the ladder down to two threads, and no count
+    past the cores is left to duel.)"""
+    sp = space(2)
+    rec, ran = run(sp, partly_gil(2), core_rate=600.0)
+    assert ran.index(threads(4)) < _first_processes(ran), ran
+    assert not decide(rec, sp).processes_before_up
+    # nor without the CPU readings
+    rec, ran = run(sp, partly_gil(2))
+    assert ran.index(threads(4)) < _first_processes(ran), ran
+
+
 def test_a_process_that_leaves_processes_no_second_core_keeps_the_order():
     """Threads that ran one at a time beside a consumer that keeps a whole core
     busy: processes would have one core, which one thread has too; the order
@@ -941,6 +1002,15 @@ def test_the_report_is_data_and_its_str_a_sentence():
     r = ch.report()
     assert r.processes_first and r.mode is Mode.PROCESSES, r
     assert "processes tried first: the threads ran the rows one at a time" in str(r)
+    assert not r.processes_before_up and "before more threads" not in str(r)
+    # one thread's rows that never waited: processes came before more threads
+    rec, _ = run(space(2), partly_gil(2), core_rate=300.0)
+    ch.record, ch.decision = rec, decide(rec, space(2))
+    ch.current = ch.decision.choice
+    r = ch.report()
+    assert r.processes_before_up and not r.processes_first and r.mode is Mode.PROCESSES, r
+    assert "processes tried before more threads than the cores: one thread's rows never " \
+           "waited" in str(r)
 
 
 # ------------------------------------------------------- what exploring costs

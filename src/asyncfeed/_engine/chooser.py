@@ -371,4 +371,5 @@ class Chooser:
                                processes_skipped=d.processes_skipped, detail=self.detail,
                                inline_skipped=d.inline_skipped,
                                threads_skipped=d.threads_skipped,
-                               processes_first=d.processes_first)
+                               processes_first=d.processes_first,
+                               processes_before_up=d.processes_before_up)

@@ -37,7 +37,9 @@ class ExecutionReport:
     more than one core's rate of the rows), if it was not.  ``threads_skipped``:
     why more threads were not measured (``NO_ROOM``: the rows already ran at the
     cores' rate), if they were not.  ``processes_first``: processes were dueled
-    first, the start's threads having run the rows one at a time.  ``str()`` is a
+    first, the start's threads having run the rows one at a time.
+    ``processes_before_up``: processes were dueled before more threads than the
+    cores, one thread's rows having never waited.  ``str()`` is a
     sentence."""
 
     mode: Mode
@@ -50,6 +52,7 @@ class ExecutionReport:
     inline_skipped: Reason | None = None
     threads_skipped: Reason | None = None
     processes_first: bool = False
+    processes_before_up: bool = False
 
     @property
     def candidate(self) -> Candidate:
@@ -80,6 +83,9 @@ class ExecutionReport:
                                                            key=lambda kv: kv[0].cost)))
         if self.processes_first:
             parts.append("processes tried first: the threads ran the rows one at a time")
+        if self.processes_before_up:
+            parts.append("processes tried before more threads than the cores: one "
+                         "thread's rows never waited")
         if self.processes_skipped is Reason.NO_ROOM:
             parts.append("processes not tried: one thread's rate times the cores left to "
                          "them leaves them no room")

@@ -84,7 +84,14 @@ threads cannot beat threads that already ran one at a time, and processes are
 the one candidate that can (rows that wait on storage leave the process idle
 instead, and keep the order).  The other steps follow as above: where processes
 won, the ladder's duels have no thread choice to start from and inline meets the
-one-core bound; where they lost, the search goes on from step 1.
+one-core bound; where they lost, the search goes on from step 1.  Likewise,
+where the start won step 1 and one thread's rows never waited (its windows'
+rows took a core, within ``min_margin``), step 4 comes before step 3 where step
+3 would run more threads than the cores: threads past the cores gain only by
+overlapping a wait, and rows that hold the GIL part of the time (two threads
+beat one, but not by the cores) would spend step 3's duel there before
+reaching processes.  Where processes won, step 3 has no thread choice to climb
+from; where they lost, it follows.
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of the last
@@ -132,7 +139,9 @@ class Decision:
     threads were not measured because the rows already ran at the cores' rate
     (rows per CPU second of the thread windows together, times the cores left to
     them, less the margin); else None.  ``processes_first``: the start's threads
-    ran the rows one at a time, so processes were dueled first (the search's order)."""
+    ran the rows one at a time, so processes were dueled first (the search's order).
+    ``processes_before_up``: one thread's rows never waited, so processes were
+    dueled before more threads than the cores (the search's order)."""
 
     run: Candidate
     choice: Candidate
@@ -146,6 +155,7 @@ class Decision:
     inline_skipped: Reason | None = None
     threads_skipped: Reason | None = None
     processes_first: bool = False
+    processes_before_up: bool = False
 
     def most_threads(self) -> int:
         """The most threads the candidates of the open duel run (inline and processes
@@ -192,6 +202,7 @@ class _Replay:
         self.rival: Candidate | None = None
         self.soloing = False
         self.processes_first = False   # the start's threads ran the rows one at a time
+        self.processes_before_up = False  # one thread's rows never waited
         self.mine: list[Window] = []
         self.theirs: list[Window] = []
         self._advance()
@@ -446,6 +457,8 @@ class _Replay:
             if won == duel.cheap:
                 # one thread stayed: no count below the start can win; climb from one
                 self.phases.remove("down")
+            else:
+                self._order_processes_before_up()
             self.moved = False
         elif (phase == "down" and won != duel.cheap) or (phase == "up" and won != duel.dear):
             self.phases.pop(0)
@@ -476,6 +489,25 @@ class _Replay:
         self.phases.insert(0, "processes")
         self._advance()
         return True
+
+    def _order_processes_before_up(self) -> None:
+        """After the bottom duel that the start won: where one thread's rows never
+        waited (its windows' rows took a core, within ``min_margin``) and the next
+        rung up runs more threads than the cores, processes come before more
+        threads (see the module docstring).  Windows that do not know their CPU
+        keep the order."""
+        i = self._rung(self.choice)
+        if self.single_step or self.process is None or "up" not in self.phases \
+                or "processes" not in self.phases or i < 0 or i + 1 >= len(self.rungs) \
+                or self.rungs[i + 1].count <= self.space.cores:
+            return
+        ws = [w for w in self.solo if w.cpu > 0 and w.seconds > 0]
+        if not ws or sum(w.cpu for w in ws) / sum(w.seconds for w in ws) \
+                < 1 - self.config.min_margin:
+            return
+        self.processes_before_up = True
+        self.phases.remove("processes")
+        self.phases.insert(self.phases.index("up"), "processes")
 
     def _serialised(self, windows: list[Window]) -> bool:
         """Whether threads ran the rows of ``windows`` one at a time: the rows took no
@@ -533,7 +565,9 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     processes_skipped=r.skipped,
                     rival=threads(1) if r.soloing else r.rival,
                     inline_skipped=r.inline_skipped, threads_skipped=r.threads_skipped,
-                    processes_first=r.processes_first)
+                    processes_first=r.processes_first,
+                    # reordered, but skipped by a bound in their turn: not tried
+                    processes_before_up=r.processes_before_up and r.skipped is None)
 
 
 def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:
