@@ -550,6 +550,20 @@ def test_a_lead_inside_the_margin_is_not_measured_again():
     assert d.settled and d.choice == threads(2) and d.reason is Reason.CHEAPER, d
 
 
+def test_a_lead_inside_a_margin_that_one_slow_window_set_is_measured_again():
+    """Processes' first window reads 600 rows/s (a start still under way), their
+    second 1,100: a 59% margin, which their 13% lead over two threads does not
+    beat.  That margin is one difference: the duel goes on, the next windows read
+    alike, and processes win on the margin of all their windows."""
+    sp = space(2, pool=4, inline=False)
+    script = {threads(1): [500.0], threads(2): [750.0], threads(4): [600.0],
+              processes(2): [600.0, 1100.0, 950.0, 980.0, 960.0, 970.0]}
+    d = _scripted(sp, script, 40)
+    assert d.settled and d.choice == processes(2) and d.reason is Reason.FASTER, d
+    last = d.duels[-1]
+    assert (last.cheap, last.dear) == (threads(2), processes(2)) and last.margin < 0.1, last
+
+
 def test_a_lead_of_more_than_two_margins_wins_after_one_round():
     sp = space(2, pool=4, inline=False)  # the thread duels alone
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1150.0, 1150.0, 1000.0]}

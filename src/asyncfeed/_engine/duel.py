@@ -36,10 +36,10 @@ class PolicyConfig:
     are not used (threads waking, the buffers filling).  ``start_attempts``:
     how often the process candidate may fail to start (the decode threads did
     not go quiet for the fork) before it counts as unavailable.  ``max_rounds``:
-    a duel whose dearer side beat the cheaper by the margin, but by less than
-    twice the margin, is measured again with as many windows more, up to this
-    many rounds, before it is decided (the medians firm up; the spread, a median
-    of steps, does not grow).
+    a duel whose dearer side led the cheaper by more than ``min_margin``, but by
+    less than twice the margin, is measured again with as many windows more, up
+    to this many rounds, before it is decided (the medians firm up; the spread,
+    a median of steps, no longer rests on one step).
     """
 
     window_s: float | None = None
@@ -100,13 +100,16 @@ def judge(a: list[Window], b: list[Window], config: PolicyConfig) -> Duel:
     return Duel(cheap[0].candidate, dear[0].candidate, rc, rd, margin, winner)
 
 
-def unsure(duel: Duel) -> bool:
-    """Whether a duel's windows leave its outcome open: the dearer beat the cheaper
-    by more than the margin (it would win), but by less than twice the margin.
-    Each side's rate is a median of a few windows, and the margin is one window's
-    spread, so a lead of one margin is what noise alone gives about one duel in
-    six: such a lead must hold over another round's windows.  A lead inside the
-    margin is not measured again: the cheaper stays, as it would after more
-    rounds of two candidates that read alike."""
-    return duel.cheap_rate * (1 + duel.margin) < duel.dear_rate \
+def unsure(duel: Duel, config: PolicyConfig) -> bool:
+    """Whether a duel's windows leave its outcome open: the dearer read faster than
+    the cheaper by more than ``min_margin``, but by less than twice the margin.
+    Each side's rate is a median of a few windows, and the margin is a spread of
+    as few: a lead of one margin is what noise alone gives about one duel in
+    six, so such a lead must hold over another round's windows; and a lead inside
+    a margin set by two windows is that one difference, which a slow window (a
+    start still under way, another process's burst) makes alone, so the margin
+    is read again over more windows.  A lead inside ``min_margin`` is not
+    measured again: the cheaper stays, as it would after more rounds of two
+    candidates that read alike."""
+    return duel.cheap_rate * (1 + config.min_margin) < duel.dear_rate \
         <= duel.cheap_rate * (1 + 2 * duel.margin)

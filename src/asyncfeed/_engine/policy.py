@@ -22,10 +22,12 @@ spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
 only where its median rate beats the cheaper one's by more than that margin;
-otherwise the cheaper one stays.  Where the dearer one beat it by the margin
-but by less than twice the margin (noise alone gives a lead of one margin in
-about one duel of six), the duel goes on for another round of windows, judged
-on all of them (up to ``max_rounds``), before it is decided; a rival whose first
+otherwise the cheaper one stays.  Where the dearer one led by more than
+``min_margin`` but by less than twice the margin (noise alone gives a lead of
+one margin in about one duel of six; and a margin read from one round is one
+difference between two windows, which one slow window sets alone), the duel
+goes on for another round of windows, judged on all of them (up to
+``max_rounds``), before it is decided; a rival whose first
 window reads below every window of the choice by more than their spread loses
 at once (unless the rival is processes, which may still be starting).  A
 cheaper side that keeps up with the consumer (its rate within the margin of
@@ -439,7 +441,7 @@ class _Replay:
                 return
         duel = judge(self.mine, self.theirs, self.config)
         if len(self.theirs) >= n and self.round < self.config.max_rounds \
-                and unsure(duel):
+                and unsure(duel, self.config):
             self.round += 1  # the dearer read faster, not clearly beyond the noise
             return
         self.duels.append(duel)
