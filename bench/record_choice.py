@@ -56,6 +56,18 @@ class Mixed:  # hashing (the GIL released), then twice as long in pure Python (h
             x += k * k % 7
         return torch.tensor([x, h[0], i])
 
+class Jpeg:  # decoding photos held in RAM (the GIL released): cores share memory
+    def __init__(self):
+        import simplejpeg
+        g = np.random.default_rng(0)
+        base = np.cumsum(g.integers(-3, 4, (480, 640, 3)), axis=1).astype(np.uint8)
+        self.raw = [simplejpeg.encode_jpeg(np.roll(base, k * 7, axis=0), 85) for k in range(16)]
+        self.decode = simplejpeg.decode_jpeg
+    def __len__(self): return 2000
+    def __getitem__(self, i):
+        img = self.decode(self.raw[i % 16])[16:240, 32:256]
+        return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
+
 class Noop:  # costs nothing: the loader's own overhead
     row = np.zeros((3, 8, 8), np.uint8)
     def __len__(self): return 50000
@@ -110,7 +122,8 @@ class Sleepy:  # waits for I/O (the GIL released, no CPU)
         time.sleep(0.004)
         return torch.tensor([i])
 
-sets = {"gil": (Gil(), 16, None), "sha": (Sha(), 16, None), "mixed": (Mixed(), 16, None), "noop": (Noop(), 256, None),
+sets = {"gil": (Gil(), 16, None), "sha": (Sha(), 16, None), "mixed": (Mixed(), 16, None),
+        "jpeg": (Jpeg(), 32, None), "noop": (Noop(), 256, None),
         "dicts": (Dicts(), 32, collate_dicts), "tokens": (Tokens(), 64, collate_tokens),
         "cifar": (Cifar(), 128, None), "sleepy": (Sleepy(), 16, None)}
 ds, bs, collate = sets[name]
@@ -131,7 +144,7 @@ al.close()
 print(json.dumps(out))
 """
 
-SETS = ("gil", "sha", "mixed", "noop", "dicts", "tokens", "cifar", "sleepy")
+SETS = ("gil", "sha", "mixed", "jpeg", "noop", "dicts", "tokens", "cifar", "sleepy")
 
 
 def main() -> None:

@@ -30,12 +30,13 @@ def space(cores: int, pool: int | None = None, workers: int | None = None,
 
 
 def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
-        record: Record | None = None, core_rate: float = 0.0, other_cores: float = 0.0,
+        record: Record | None = None, core_rate=0.0, other_cores: float = 0.0,
         cpu_skew: float = 0.0) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
     for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
-    ``core_rate``, thread and inline windows read the CPU their rows took at that
-    many rows per CPU second; with ``other_cores`` too, the whole process took
+    ``core_rate`` (rows/s, or a function of the candidate), thread and inline
+    windows read the CPU their rows took at that many rows per CPU second; with
+    ``other_cores`` too, the whole process took
     that many cores more (the consumer's own work).  ``cpu_skew``: a thread candidate's
     windows read their rows' CPU that much high, then low, in turn (some windows
     draw the dearer samples)."""
@@ -53,7 +54,8 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         pace = getattr(rate, "consumer", None)
         waited = 0.1 * (1 - r / pace) if pace and r < pace else (0.0 if pace else 0.05)
         rows = max(1, round(r * 0.1))
-        cpu = rows / core_rate if core_rate and c.mode is not Mode.PROCESSES else 0.0
+        per_core = core_rate(c) if callable(core_rate) else core_rate
+        cpu = rows / per_core if per_core and c.mode is not Mode.PROCESSES else 0.0
         nth = sum(w.candidate == c for w in rec.windows)
         cpu *= 1 + (-cpu_skew if nth % 2 else cpu_skew)
         pcpu = cpu + other_cores * 0.1 if cpu and other_cores else 0.0
@@ -190,6 +192,35 @@ def test_threads_that_used_their_cores_keep_the_order(cores):
     d = decide(rec, sp)
     assert d.choice == threads(cores) and d.processes_skipped is Reason.NO_ROOM, d
     assert not d.processes_first
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_threads_side_by_side_that_take_every_core_leave_processes_no_room(cores):
+    """GIL-free rows whose cores slow each other (shared caches and memory): one
+    thread alone runs 1,000 rows/s at a core, the threads at the cores 0.8 of that
+    per core, and take every core.  One thread's rate times the cores would leave
+    processes room; the rows' rate per core side by side does not: no fork, and
+    no more threads."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 900.0
+        if x.mode is Mode.THREADS:
+            return 1000.0 if x.count == 1 else 800.0 * min(x.count, cores)
+        return 780.0 * cores
+    def per_core(x: Candidate) -> float:
+        return 1000.0 if x.count == 1 else 800.0
+    sp = space(cores)
+    rec, ran = run(sp, rate, core_rate=per_core, other_cores=0.02)
+    d = decide(rec, sp)
+    assert d.choice == threads(cores) and d.processes_skipped is Reason.NO_ROOM, d
+    assert d.threads_skipped is Reason.NO_ROOM, d
+    assert all(c.mode is Mode.THREADS and c.count <= cores for c in ran), ran
+    # the same rates where the threads' rows read one core's rate each: room, and
+    # the processes duel runs (and loses)
+    rec, ran = run(sp, rate, core_rate=lambda x: 1000.0 * min(x.count, cores) / x.count
+                   if x.count > 1 else 1000.0, other_cores=0.02)
+    d = decide(rec, sp)
+    assert processes(cores) in ran and d.choice == threads(cores), (d, ran)
 
 
 def test_rows_that_wait_keep_the_order():

@@ -87,8 +87,8 @@ class ExecutionReport:
             parts.append("processes tried before more threads than the cores: one "
                          "thread's rows never waited")
         if self.processes_skipped is Reason.NO_ROOM:
-            parts.append("processes not tried: one thread's rate times the cores left to "
-                         "them leaves them no room")
+            parts.append("processes not tried: the rows' measured rate per core times the "
+                         "cores left to them leaves them no room")
         elif self.processes_skipped is Reason.HANDOFF:
             parts.append("processes not tried: sending each row back from a worker "
                          "process costs more than they could gain")

@@ -50,16 +50,19 @@ The search, replayed from the record by :func:`decide` (a pure function):
    unless the choice already runs the rows at the cores' rate: one process's
    threads use at most ``min(threads, cores left)`` cores (the cores less what
    the consumer and the hand-offs keep busy, as in step 4), each at most at the
-   rows per CPU second the thread windows read together, so where
-   the choice's rate is within the margin of that bound, more threads cannot
-   win;
+   rows per CPU second the choice's windows read (cores side by side share
+   caches, memory and their siblings' pipelines: each runs a row slower than
+   one core alone, and more threads beside them would too), so where the
+   choice's rate is within the margin of that bound, more threads cannot win;
 4. *processes*: duel the best so far against the process candidate, unless the
    measured rates leave processes no room: ``min(cores left, workers)``
    processes cannot go faster than that many times one thread's measured rate
-   (one thread alone runs the per-sample function at a core's speed), where
-   the cores left are the cores less what this process kept busy besides the
-   rows under the choice (the consumer's own work goes on under processes
-   too); where the best rate is already within the margin of that bound the
+   (one thread alone runs the per-sample function at a core's speed), nor than
+   that many cores at the rows per CPU second the choice's threads read side by
+   side (processes side by side share the cores' caches and memory as much),
+   where the cores left are the cores less what this process kept busy besides
+   the rows under the choice (the consumer's own work goes on under processes
+   too); where the best rate is already within the margin of either bound the
    duel is skipped.
    One thread's rate is measured for this where no duel did.  Where workers
    would send each row back pickled (a custom ``collate_fn``: rows are not
@@ -236,6 +239,19 @@ class _Replay:
         rows, cpu = _rows_and_cpu(self.fresh, inline=False)
         return rows / cpu if cpu > 0 else 0.0
 
+    def _choice_core_rate(self) -> float:
+        """Rows per CPU second over the choice's own windows of this search, pooled,
+        where the choice is threads: what a core runs the rows at with the choice's
+        threads side by side (cores that share caches, memory and their siblings'
+        pipelines run each row slower than one alone, and so would as many worker
+        processes).  0 where the choice is not threads or its windows do not know
+        their CPU."""
+        if self.choice.mode is not Mode.THREADS:
+            return 0.0
+        rows, cpu = _rows_and_cpu([w for w in self.fresh if w.candidate == self.choice],
+                                  inline=False)
+        return rows / cpu if cpu > 0 else 0.0
+
     def _beyond_one_core(self) -> bool:
         """Whether the choice's rate is beyond what one core can run the rows at,
         plus the margin: the most rows per CPU second any one thread window read.
@@ -254,11 +270,12 @@ class _Replay:
         """Whether ``more`` threads cannot beat the choice by the margin: one process's
         threads run the rows on at most ``min(threads, cores left)`` cores (what the
         consumer and the hand-offs keep busy stays theirs: :meth:`_cores_left`),
-        each at most at :meth:`_core_rate`.  Where the choice's rate is within the
-        margin of that bound, the rows already take every core they can have.
+        each at most at :meth:`_choice_core_rate` (:meth:`_core_rate` where the
+        choice's windows do not know their CPU).  Where the choice's rate is within
+        the margin of that bound, the rows already take every core they can have.
         False where no thread window knows its CPU (rows that wait on storage use
         little CPU: the bound is far above them)."""
-        per_core = self._core_rate()
+        per_core = self._choice_core_rate() or self._core_rate()
         if not per_core or self.choice_rate is None:
             return False
         return self._reaches(min(more.count, self._cores_left()) * per_core)
@@ -325,6 +342,10 @@ class _Replay:
             return None
         if self._reaches(self._handoff_bound()):
             self.skipped = Reason.HANDOFF
+            return None
+        per_core = self._choice_core_rate()
+        if per_core and self._reaches(min(self._cores_left(), p.count) * per_core):
+            self.skipped = Reason.NO_ROOM
             return None
         if threads(1) in self.rungs:
             solo = self._one_thread_rate()
