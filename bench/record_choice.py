@@ -122,11 +122,18 @@ class Sleepy:  # waits for I/O (the GIL released, no CPU)
         time.sleep(0.004)
         return torch.tensor([i])
 
-sets = {"gil": (Gil(), 16, None), "sha": (Sha(), 16, None), "mixed": (Mixed(), 16, None),
-        "jpeg": (Jpeg(), 32, None), "noop": (Noop(), 256, None),
-        "dicts": (Dicts(), 32, collate_dicts), "tokens": (Tokens(), 64, collate_tokens),
-        "cifar": (Cifar(), 128, None), "sleepy": (Sleepy(), 16, None)}
-ds, bs, collate = sets[name]
+def augment():  # training augmentation fused into decoding: the bench's synthetic photos
+    from asyncfeed import ImageFolder
+    from asyncfeed._bench.synthetic import ensure_synthetic
+    return ImageFolder(ensure_synthetic(1000, 10), 224, train=True)
+
+# each built only when chosen
+sets = {"gil": (Gil, 16, None), "sha": (Sha, 16, None), "mixed": (Mixed, 16, None),
+        "jpeg": (Jpeg, 32, None), "augment": (augment, 32, None), "noop": (Noop, 256, None),
+        "dicts": (Dicts, 32, collate_dicts), "tokens": (Tokens, 64, collate_tokens),
+        "cifar": (Cifar, 128, None), "sleepy": (Sleepy, 16, None)}
+make, bs, collate = sets[name]
+ds = make()
 al = AsyncLoader(ds, batch_size=bs, collate_fn=collate)
 rates = []
 for e in range(epochs):
@@ -144,7 +151,7 @@ al.close()
 print(json.dumps(out))
 """
 
-SETS = ("gil", "sha", "mixed", "jpeg", "noop", "dicts", "tokens", "cifar", "sleepy")
+SETS = ("gil", "sha", "mixed", "jpeg", "augment", "noop", "dicts", "tokens", "cifar", "sleepy")
 
 
 def main() -> None:
