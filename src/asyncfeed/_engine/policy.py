@@ -119,7 +119,7 @@ from dataclasses import dataclass
 
 from .duel import Duel, PolicyConfig, judge, spread, unsure
 from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
-                       processes, threads)
+                       pooled_cores, processes, rows_and_cpu, threads)
 
 __all__ = ["INLINE", "Candidate", "Decision", "Duel", "Handoff", "Mode", "PolicyConfig",
            "Reason", "Record", "Space", "Window", "decide", "drifted", "fixed", "judge",
@@ -135,15 +135,16 @@ class Decision:
     why ``choice`` stands.  ``duels``: the duels judged so far, in order.
     ``margin``: the margin of the last duel; ``choice_rate``: the choice's mean
     rate there.  ``processes_skipped``: why processes were not measured
-    (``NO_ROOM``: the bound of one thread's rate; ``HANDOFF``: the bound of a
+    (``NO_ROOM``: the bound of one thread's rate, or of the rows' rate per core
+    under the choice's threads; ``HANDOFF``: the bound of a
     row's trip back from a worker; ``UNAVAILABLE``: they could not start), or None.
     ``rival``: the candidate the open duel measures against the choice (one thread
     while its rate alone is measured), None when settled.  ``inline_skipped``:
     ``NO_ROOM`` where threads or processes won by more than one core's rate of the
     rows, which is all inline can run; else None.  ``threads_skipped``: ``NO_ROOM`` where more
     threads were not measured because the rows already ran at the cores' rate
-    (rows per CPU second of the thread windows together, times the cores left to
-    them, less the margin); else None.  ``processes_first``: the start's threads
+    (rows per CPU second of the choice's windows together, times the cores left
+    to them, less the margin); else None.  ``processes_first``: the start's threads
     ran the rows one at a time, so processes were dueled first (the search's order).
     ``processes_before_up``: one thread's rows never waited, so processes were
     dueled before more threads than the cores (the search's order)."""
@@ -167,15 +168,6 @@ class Decision:
         count one: the consumer, or the dispatch), or the choice's when settled."""
         sides = (self.choice,) if self.rival is None else (self.choice, self.rival)
         return max(c.count if c.mode is Mode.THREADS else 1 for c in sides)
-
-
-def _rows_and_cpu(windows: list[Window], *, inline: bool) -> tuple[int, float]:
-    """The rows of ``windows`` that ran in this process and know their CPU (thread
-    windows, and inline ones with ``inline``), and those rows' CPU seconds: pooled,
-    as one core's rate of the rows is read."""
-    ws = [w for w in windows if w.cpu > 0 and (w.candidate.mode is Mode.THREADS
-                                               or (inline and w.candidate.mode is Mode.INLINE))]
-    return sum(w.rows for w in ws), sum(w.cpu for w in ws)
 
 
 class _Replay:
@@ -236,7 +228,7 @@ class _Replay:
         window: a window's CPU is that of the tasks that ended in it, so a short
         window reads a task more or less than it ran, and the most of many such
         readings would be their noise."""
-        rows, cpu = _rows_and_cpu(self.fresh, inline=False)
+        rows, cpu = rows_and_cpu(self.fresh, inline=False)
         return rows / cpu if cpu > 0 else 0.0
 
     def _choice_core_rate(self) -> float:
@@ -248,7 +240,7 @@ class _Replay:
         their CPU."""
         if self.choice.mode is not Mode.THREADS:
             return 0.0
-        rows, cpu = _rows_and_cpu([w for w in self.fresh if w.candidate == self.choice],
+        rows, cpu = rows_and_cpu([w for w in self.fresh if w.candidate == self.choice],
                                   inline=False)
         return rows / cpu if cpu > 0 else 0.0
 
@@ -379,7 +371,7 @@ class _Replay:
         over the windows of this search that know it, pooled; a re-check that has
         run none yet reads the searches' before (0: none knows it)."""
         for windows in (self.fresh, self.seen):
-            rows, cpu = _rows_and_cpu(windows, inline=True)
+            rows, cpu = rows_and_cpu(windows, inline=True)
             if rows:
                 return cpu / rows
         return 0.0
@@ -524,9 +516,8 @@ class _Replay:
                 or "processes" not in self.phases or i < 0 or i + 1 >= len(self.rungs) \
                 or self.rungs[i + 1].count <= self.space.cores:
             return
-        ws = [w for w in self.solo if w.cpu > 0 and w.seconds > 0]
-        if not ws or sum(w.cpu for w in ws) / sum(w.seconds for w in ws) \
-                < 1 - self.config.min_margin:
+        cores = pooled_cores(self.solo, whole=False)
+        if cores is None or cores[0] < 1 - self.config.min_margin:
             return
         self.processes_before_up = True
         self.phases.remove("processes")
@@ -536,12 +527,11 @@ class _Replay:
         """Whether threads ran the rows of ``windows`` one at a time: the rows took no
         more than one core (within ``min_margin``) while the whole process took at
         least one.  False where the CPU is not known."""
-        ws = [w for w in windows if w.cpu > 0 and w.process_cpu > 0 and w.seconds > 0]
-        if not ws:
+        cores = pooled_cores(windows, whole=True)
+        if cores is None:
             return False
-        secs, m = sum(w.seconds for w in ws), self.config.min_margin
-        return sum(w.cpu for w in ws) / secs <= 1 + m \
-            and sum(w.process_cpu for w in ws) / secs >= 1 - m
+        m = self.config.min_margin
+        return cores[0] <= 1 + m and cores[1] >= 1 - m
 
     def _hopeless(self) -> bool:
         """Whether the rival's first window read below every window of the choice by

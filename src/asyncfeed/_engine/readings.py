@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = ["INLINE", "Candidate", "Handoff", "Mode", "Reason", "Record", "Space", "Window",
-           "processes", "threads"]
+           "pooled_cores", "processes", "rows_and_cpu", "threads"]
 
 
 class Mode(str, enum.Enum):
@@ -194,3 +194,23 @@ class Record:
                    [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)),
                    None if d.get("handoff") is None
                    else Handoff(float(d["handoff"][0]), float(d["handoff"][1])))
+
+
+def rows_and_cpu(windows: list[Window], *, inline: bool) -> tuple[int, float]:
+    """The rows of ``windows`` that ran in this process and know their CPU (thread
+    windows, and inline ones with ``inline``), and those rows' CPU seconds: pooled,
+    as one core's rate of the rows is read."""
+    ws = [w for w in windows if w.cpu > 0 and (w.candidate.mode is Mode.THREADS
+                                               or (inline and w.candidate.mode is Mode.INLINE))]
+    return sum(w.rows for w in ws), sum(w.cpu for w in ws)
+
+
+def pooled_cores(windows: list[Window], *, whole: bool) -> tuple[float, float] | None:
+    """The cores the rows of ``windows`` took (their CPU per second, pooled) and the
+    cores the whole process took, over the windows that know their rows' CPU (and,
+    with ``whole``, the process's); None where none does."""
+    ws = [w for w in windows if w.cpu > 0 and w.seconds > 0 and (w.process_cpu > 0 or not whole)]
+    if not ws:
+        return None
+    secs = sum(w.seconds for w in ws)
+    return sum(w.cpu for w in ws) / secs, sum(w.process_cpu for w in ws) / secs
