@@ -56,7 +56,7 @@ class Mixed:  # hashing (the GIL released), then twice as long in pure Python (h
             x += k * k % 7
         return torch.tensor([x, h[0], i])
 
-class Jpeg:  # decoding photos held in RAM (the GIL released): cores share memory
+class Jpeg:  # decoding photos held in RAM (the GIL released)
     def __init__(self):
         import simplejpeg
         g = np.random.default_rng(0)
