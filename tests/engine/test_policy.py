@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -30,7 +31,8 @@ def space(cores: int, pool: int | None = None, workers: int | None = None,
 
 
 def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
-        record: Record | None = None, core_rate=0.0, other_cores: float = 0.0,
+        record: Record | None = None,
+        core_rate: float | Callable[[Candidate], float] = 0.0, other_cores: float = 0.0,
         cpu_skew: float = 0.0) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
     for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
