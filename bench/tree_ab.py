@@ -8,14 +8,18 @@ imports only its own tree:
   its default row (one epoch, a fresh process forked by that tree's own fork
   server), with ``num_threads`` fixed so that both trees run the same execution;
 - the outcome bench's data sets (``asyncfeed._bench.userdata``), each with the
-  execution fixed (``inline``, ``threads`` or ``processes``), three epochs on one
-  loader: the first epoch and the steady state (the median of the later two).
+  execution fixed (``inline``, ``threads`` or ``processes``), or ``auto`` to compare
+  the trees' choices, three epochs on one loader: the first epoch and the steady
+  state (the median of the later two).
 
-It prints each run, then per case the median and the slowest run of each tree and
-the ratio of the medians (B over A)::
+It prints each run (with the execution it ended on), then per case the median and
+the slowest run of each tree and the ratio of the medians (B over A).
+``--neighbour`` runs every turn beside a busy-looping process::
 
     git worktree add /tmp/before <commit>
     PYTHONPATH=src python bench/tree_ab.py /tmp/before/src src --rounds 8
+    PYTHONPATH=src python bench/tree_ab.py /tmp/before/src src --workloads "" \
+        --datasets gil-python:auto,gil-free:auto --neighbour
 
 Needs the synthetic set for the workloads (``asyncfeed bench`` makes it).  Measure
 on a machine that nothing else loads: both trees share it.
@@ -50,22 +54,38 @@ with AsyncLoader(b.dataset, **kw) as loader:
         for _batch in loader:
             pass
         rates.append(len(b.order) / (time.perf_counter() - t0))
-print(json.dumps({"rates": rates}))
+    chosen = str(loader.stats().execution).split(" (")[0]
+print(json.dumps({"rates": rates, "execution": chosen}))
 """
 
 
-def _run(src: str, case: tuple[str, str], threads: int) -> list[list[float]]:
-    """One turn of ``case`` on the tree at ``src``: the epochs' rates of each run."""
+def _run(src: str, case: tuple[str, str], threads: int, neighbour: bool
+         ) -> list[tuple[list[float], str]]:
+    """One turn of ``case`` on the tree at ``src``: each run's epoch rates and the
+    execution it ended on ("" where not known); with ``neighbour``, beside a
+    busy-looping process started for the turn."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if neighbour else None
+    try:
+        return _turn(src, case, threads)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
+def _turn(src: str, case: tuple[str, str], threads: int) -> list[tuple[list[float], str]]:
     kind, what = case
     if kind == "workload":  # the bench's own run, as execution_choice.py makes it
-        return [[r["rate"] or 0.0] for r in _runs(src, what, 1, threads)]
+        return [([r["rate"] or 0.0], str(r["execution"]).split(" (")[0])
+                for r in _runs(src, what, 1, threads)]
     name, execution = what.split(":")
     env = dict(os.environ, PYTHONPATH=src)
     out = subprocess.run([sys.executable, "-c", _DATASET_CHILD, name, execution],
                          env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"{what} on {src} failed:\n{out.stderr[-3000:]}")
-    return [json.loads(line)["rates"] for line in out.stdout.splitlines() if line.startswith("{")]
+    runs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [(r["rates"], r.get("execution", "")) for r in runs]
 
 
 def main() -> None:
@@ -79,6 +99,8 @@ def main() -> None:
     ap.add_argument("--datasets", default="detection:inline,text:inline,gil-python:processes,"
                     "cifar-rng:processes,gil-free:threads",
                     help="outcome-bench data sets with their fixed execution ('' for none)")
+    ap.add_argument("--neighbour", action="store_true",
+                    help="run every turn beside a busy-looping process (a noisy machine)")
     args = ap.parse_args()
     cases = [("workload", w) for w in args.workloads.split(",") if w]
     cases += [("dataset", d) for d in args.datasets.split(",") if d]
@@ -87,10 +109,10 @@ def main() -> None:
     for r in range(args.rounds):
         for case in cases:
             for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
-                for rates in _run(trees[name], case, args.threads):
+                for rates, chosen in _run(trees[name], case, args.threads, args.neighbour):
                     got.setdefault((case[1], name), []).append(rates)
                     shown = " ".join(f"{x:,.0f}" for x in rates)
-                    print(f"{case[1]:22} {name} {shown}", flush=True)
+                    print(f"{case[1]:22} {name} {shown}  {chosen}", flush=True)
     print("\ncase                   epoch   A median (slowest)   B median (slowest)   B/A")
     for _, what in cases:
         runs_a, runs_b = got[(what, "A")], got[(what, "B")]
