@@ -222,26 +222,18 @@ class _Replay:
         """The margin a bound must be beaten by: the last duel's, at least the floor."""
         return max(self.margin, self.config.min_margin)
 
-    def _core_rate(self) -> float:
-        """Rows per CPU second over every thread window of this search together (0:
-        none knows its CPU): what one core runs the rows at.  Pooled, not window by
-        window: a window's CPU is that of the tasks that ended in it, so a short
-        window reads a task more or less than it ran, and the most of many such
-        readings would be their noise."""
-        rows, cpu = rows_and_cpu(self.fresh, inline=False)
-        return rows / cpu if cpu > 0 else 0.0
-
-    def _choice_core_rate(self) -> float:
-        """Rows per CPU second over the choice's own windows of this search, pooled,
-        where the choice is threads: what a core runs the rows at with the choice's
-        threads side by side (cores that share caches, memory and their siblings'
-        pipelines run each row slower than one alone, and so would as many worker
-        processes).  0 where the choice is not threads or its windows do not know
-        their CPU."""
-        if self.choice.mode is not Mode.THREADS:
-            return 0.0
-        rows, cpu = rows_and_cpu([w for w in self.fresh if w.candidate == self.choice],
-                                  inline=False)
+    def _core_rate(self, of: Candidate | None = None) -> float:
+        """Rows per CPU second over the thread windows of this search together (those
+        of ``of`` alone where given; 0: none knows its CPU): what one core runs the
+        rows at.  Pooled, not window by window: a window's CPU is that of the tasks
+        that ended in it, so a short window reads a task more or less than it ran,
+        and the most of many such readings would be their noise.  Of the choice's
+        threads: what a core runs the rows at with those threads side by side
+        (cores that share caches, memory and their siblings' pipelines run each row
+        slower than one alone, and so would as many worker processes); 0 where the
+        choice is not threads."""
+        windows = self.fresh if of is None else [w for w in self.fresh if w.candidate == of]
+        rows, cpu = rows_and_cpu(windows, inline=False)
         return rows / cpu if cpu > 0 else 0.0
 
     def _beyond_one_core(self) -> bool:
@@ -262,12 +254,13 @@ class _Replay:
         """Whether ``more`` threads cannot beat the choice by the margin: one process's
         threads run the rows on at most ``min(threads, cores left)`` cores (what the
         consumer and the hand-offs keep busy stays theirs: :meth:`_cores_left`),
-        each at most at :meth:`_choice_core_rate` (:meth:`_core_rate` where the
-        choice's windows do not know their CPU).  Where the choice's rate is within
-        the margin of that bound, the rows already take every core they can have.
+        each at most at :meth:`_core_rate` of the choice's windows (of every thread
+        window where the choice's do not know their CPU).  Where the choice's rate is
+        within the margin of that bound, the rows already take every core they can
+        have.
         False where no thread window knows its CPU (rows that wait on storage use
         little CPU: the bound is far above them)."""
-        per_core = self._choice_core_rate() or self._core_rate()
+        per_core = self._core_rate(self.choice) or self._core_rate()
         if not per_core or self.choice_rate is None:
             return False
         return self._reaches(min(more.count, self._cores_left()) * per_core)
@@ -335,7 +328,7 @@ class _Replay:
         if self._reaches(self._handoff_bound()):
             self.skipped = Reason.HANDOFF
             return None
-        per_core = self._choice_core_rate()
+        per_core = self._core_rate(self.choice)
         if per_core and self._reaches(min(self._cores_left(), p.count) * per_core):
             self.skipped = Reason.NO_ROOM
             return None
