@@ -29,7 +29,8 @@ medians over the rounds, and the worst round.  Prints:
 6. ``asyncfeed.normalize`` of a ``uint8`` batch of ``--batch-size`` rows on the CPU,
    per image, at torch's thread count and at one thread, into a fresh tensor each
    time and into one reused ``out=`` (what a CPU-only consumer pays on top; with a
-   GPU it runs there).
+   GPU it runs there), and the one ``addcmul`` it runs on a GPU, on the CPU into the
+   same ``out=`` (why it does not there).
 """
 
 from __future__ import annotations
@@ -299,10 +300,26 @@ def _loader_costs(root: str, args: argparse.Namespace) -> None:
             finally:
                 torch.set_num_threads(before)
         return run, reps * args.batch_size
+    def addcmul(out: Any) -> tuple[Any, int]:
+        # the one-op form normalize runs on a GPU: on the CPU torch converts the uint8
+        # batch through a float temporary of its own
+        a = torch.rand(3, 1, 1)
+        b = torch.rand(3, 1, 1)
+
+        def run() -> None:
+            before = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                for _ in range(reps):
+                    torch.addcmul(b, x, a, out=out)
+            finally:
+                torch.set_num_threads(before)
+        return run, reps * args.batch_size
     k = torch.get_num_threads()
     res = _rounds({f"{k} thread{'s' if k > 1 else ''} (torch's)": norm(k),
                    "1 thread": norm(1),
-                   "1 thread, out= reused": norm(1, reused)}, args.rounds)
+                   "1 thread, out= reused": norm(1, reused),
+                   "addcmul, out= reused": addcmul(reused)}, args.rounds)
     print(f"\n6. normalize, a [{args.batch_size}, 3, {args.size}, {args.size}] uint8 batch on "
           f"the CPU, per image")
     for name, (m, worst) in res.items():
