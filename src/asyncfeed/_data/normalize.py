@@ -88,7 +88,7 @@ def normalize(batch: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN,
     # as the result (paged in afresh whenever the allocator gave it back); converting
     # into the result and scaling it there in place is about three times faster
     # (docs/augmentation.md)
-    result = torch.empty(batch.shape, dtype=dtype) if out is None else out
+    result = torch.empty_like(batch, dtype=dtype) if out is None else out
     result.copy_(batch)
     result.mul_(a)
     return result.add_(b)
