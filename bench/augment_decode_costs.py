@@ -300,6 +300,7 @@ def _loader_costs(root: str, args: argparse.Namespace) -> None:
             finally:
                 torch.set_num_threads(before)
         return run, reps * args.batch_size
+
     def addcmul(out: Any) -> tuple[Any, int]:
         # the one-op form normalize runs on a GPU: on the CPU torch converts the uint8
         # batch through a float temporary of its own
