@@ -1,11 +1,12 @@
-"""Starting the process stage mid-pass: how, how fast, and safely.
+"""Starting the process stage mid-pass, and leaving it: how, how fast, and safely.
 
 A switch to processes (here requested by hand, ``Chooser.request``, where the
 chooser would after measuring) is applied by the consumer as soon as it waits
 (``call_waiting``); row tasks queued for the threads move to the stage; the
 fork happens with no decode thread inside user code (``TaskPool.quiet``); a
 forked child never runs its parent's exit hooks; a worker whose loader's
-process is killed exits.
+process is killed exits.  A switch away from processes gives the stage's
+backlog of the pass back to the threads.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 
 import numpy as np
 import psutil
-import pytest
 from torch.utils.data import DataLoader
 
 from asyncfeed import AsyncLoader
@@ -30,10 +30,10 @@ from asyncfeed._engine.processes import execution, handover, shm
 from asyncfeed._engine.processes import stage as stage_mod
 from asyncfeed._engine.policy import Mode
 from asyncfeed._engine.policy import processes as processes_n
+from asyncfeed._engine.policy import threads as threads_n
 from asyncfeed._engine.tasksize import Gate
 from asyncfeed._engine.exithooks import OpenSet
 from asyncfeed._engine.taskpool import TaskPool
-from support.datasets import Spin
 from support.oracle import TupleFixed, assert_same_batches
 
 
@@ -180,6 +180,82 @@ def test_row_tasks_queued_for_threads_move_to_the_stage(monkeypatch):
     assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
     assert None in sent, "no queued row task went to the stage (pickled back)"
     assert any(p is not None for p in sent), "later batches did not use shared memory"
+
+
+
+def test_a_pass_leaving_the_stage_takes_back_only_its_backlog_in_order(monkeypatch):
+    from types import SimpleNamespace
+    queued: list[tuple[object, object, list[tuple[int, int]]]] = []
+    monkeypatch.setattr(stage_mod, "rows_to_threads",
+                        lambda p, b, spans: queued.append((p, b, spans)))
+    stage = processes.ProcessStage(TupleFixed(8), 2, None, None, 0, 2)
+    try:
+        mine, other = SimpleNamespace(name="mine"), SimpleNamespace(name="other")
+        stage._pending[0] = (mine, "b0", 0, 8, 1, 0.0)     # a worker holds it: stays
+        for tid, (p, b, lo, hi) in enumerate(((mine, "b1", 0, 8), (other, "c1", 0, 4),
+                                              (mine, "b1", 8, 16), (mine, "b2", 0, 3)), 1):
+            stage._pending[tid] = (p, b, lo, hi, -1, 0.0)
+            stage._backlog.append((tid, None))
+        assert stage.give_back(mine) == 19
+        assert queued == [(mine, "b1", [(0, 8)]), (mine, "b1", [(8, 16)]),
+                          (mine, "b2", [(0, 3)])]
+        assert list(stage._backlog) == [(2, None)]          # the other pass's task waits
+        assert sorted(stage._pending) == [0, 2]
+        assert stage.holds(mine) and stage.holds(other)     # the worker's task is mine
+        queued.clear()
+        assert stage.give_back(mine) == 0 and queued == []  # nothing left to give
+    finally:
+        stage._pending.clear()
+        stage._backlog.clear()
+        stage.close()
+
+
+class _Recorded:
+    """Fixed-shape samples; slow in the workers (their tasks pile up in the stage's
+    backlog); the indices loaded in the loader's own process are recorded."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.here: list[int] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if os.getpid() == _PARENT:
+            self.here.append(i)
+        else:
+            time.sleep(0.004)
+        return np.full((3, 4), i, np.int64), i % 7
+
+
+def test_rows_the_workers_had_not_taken_run_in_threads_after_the_switch(monkeypatch):
+    given: list[int] = []
+    real = processes.ProcessStage.give_back
+
+    def spy(self, p):
+        n = real(self, p)
+        given.append(n)
+        return n
+
+    monkeypatch.setattr(processes.ProcessStage, "give_back", spy)
+    ds = _Recorded(320)
+    with AsyncLoader(ds, batch_size=16, num_threads=1, prefetch=6,
+                     execution="processes") as al:
+        got = []
+        for k, batch in enumerate(al):
+            got.append(batch)
+            if k == 3:
+                ds.here.clear()
+                al._chooser.request(threads_n(1))
+        ex = al.stats().execution
+        assert (ex.mode, ex.count) == (Mode.THREADS, 1), str(ex)
+    assert_same_batches(got, list(DataLoader(ds, batch_size=16)))
+    assert given and given[0] > 0, "the stage had no backlog to give back"
+    # the rows given back are those of batches already planned: some of the next
+    # batches' rows ran here, not only those of batches planned after the switch
+    planned_before = set(range(4 * 16, (4 + 6) * 16))
+    assert planned_before & set(ds.here), "no row of an earlier batch ran in this process"
 
 
 # -------------------------------------------------------------- parent death

@@ -376,13 +376,16 @@ class Pipeline(BatchHandoff):
             self._chooser.lost(Candidate(Mode.THREADS, self.runtime.num_threads))
 
     def _leave_stage(self) -> None:
-        """Rows of batches submitted from now on run in this process again; the
-        stage's rows in flight finish there."""
-        if self.stage is None:
+        """Rows of batches submitted from now on run in this process again, and so do
+        the stage's rows no worker has taken yet (``ProcessStage.give_back``); the
+        rows the workers hold finish there."""
+        stage = self.stage
+        if stage is None:
             return
         self.stage = None
         self.acct.resources = self._thread_resources
         self.acct.gate = self.gate
+        stage.give_back(self)
 
     def abandon(self, b: Batch) -> None:
         """``b`` cannot be loaded (the loader is closing): it is ready with that error."""

@@ -306,6 +306,24 @@ class ProcessStage:
         live = max(1, self.num_workers - len(self._dead))
         return max(1, min(rows, math.ceil(left * TAIL_SHARE / live)))
 
+    def give_back(self, p: RowHost) -> int:
+        """The pass ``p`` left the stage for another execution: its tasks still in the
+        backlog (no worker has them) run under that execution instead, queued for its
+        threads in backlog order (``rows_to_threads``), so that the pass need not
+        wait for the workers to run them first; the tasks workers hold finish there.
+        Returns the rows given back.  Any thread."""
+        with self._lock:
+            mine = [tid for tid, _ in self._backlog
+                    if (e := self._pending.get(tid)) is not None and e[0] is p]
+            if not mine:
+                return 0
+            taken = set(mine)
+            self._backlog = collections.deque(t for t in self._backlog if t[0] not in taken)
+            waiting = [self._pending.pop(tid) for tid in mine]
+        for e in waiting:
+            rows_to_threads(e[0], e[1], [(e[2], e[3])])
+        return sum(e[3] - e[2] for e in waiting)
+
     def _backlog_to_threads(self) -> None:
         """(the stage broke) The backlog's tasks run in their pipelines' threads."""
         with self._lock:

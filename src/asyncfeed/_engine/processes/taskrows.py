@@ -56,8 +56,9 @@ def task_message(b: Batch, lo: int, hi: int, path: str | None) -> tuple[Any, ...
 
 
 def rows_to_threads(p: RowHost, b: Batch, spans: list[tuple[int, int]]) -> None:
-    """Queue the runs ``spans`` of ``b`` that the stage could not take (it broke) for
-    the threads; ``b`` fails as abandoned (once) if they are closing too."""
+    """Queue the runs ``spans`` of ``b`` for the threads: rows the stage could not take
+    (it broke), or gave back (the pass left it); ``b`` fails as abandoned (once) if
+    the threads are closing too."""
     for lo, hi in spans:
         if p.runtime.submit(rowtasks.run_rows, p, b, lo, hi) is None:
             p.abandon(b)
