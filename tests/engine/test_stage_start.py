@@ -182,7 +182,6 @@ def test_row_tasks_queued_for_threads_move_to_the_stage(monkeypatch):
     assert any(p is not None for p in sent), "later batches did not use shared memory"
 
 
-
 def test_a_pass_leaving_the_stage_takes_back_only_its_backlog_in_order(monkeypatch):
     from types import SimpleNamespace
     queued: list[tuple[object, object, list[tuple[int, int]]]] = []
