@@ -198,8 +198,9 @@ def normalized(images: Any) -> Any:
 
     On the CPU it writes into one reused float buffer (``normalize(out=...)``), as a
     CPU training loop keeps its input tensor: a fresh 19 MB ``float32`` batch per
-    call is paged in anew each time, which costs several times the arithmetic
-    (``bench/augment_decode_costs.py`` section 6 measures both).  It runs on the
+    call costs about twice the reused one, more where the allocator hands it back
+    and it is paged in anew (``bench/augment_decode_costs.py`` section 6 measures
+    both).  It runs on the
     consumer's thread alone: torch's intra-op threads would spin-wait after each
     batch on the cores the loader decodes on, and the PIL pipeline it is compared
     with normalizes on one thread per sample too.  On a GPU it runs there (the
