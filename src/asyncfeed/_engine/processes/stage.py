@@ -306,32 +306,25 @@ class ProcessStage:
         live = max(1, self.num_workers - len(self._dead))
         return max(1, min(rows, math.ceil(left * TAIL_SHARE / live)))
 
-    def give_back(self, p: RowHost) -> int:
-        """The pass ``p`` left the stage for another execution: its tasks still in the
-        backlog (no worker has them) run under that execution instead, queued for its
-        threads in backlog order (``rows_to_threads``), so that the pass need not
-        wait for the workers to run them first; the tasks workers hold finish there.
-        Returns the rows given back.  Any thread."""
+    def give_back(self, p: RowHost | None) -> int:
+        """Tasks still in the backlog (no worker has them) go to their passes' threads,
+        in backlog order (``rows_to_threads``): those of the pass ``p``, which left
+        the stage for another execution (it need not wait for the workers to run
+        them first; the tasks workers hold finish there), or, with ``p`` None (the
+        stage broke), every pass's.  Returns the rows given back.  Any thread."""
         with self._lock:
             mine = [tid for tid, _ in self._backlog
-                    if (e := self._pending.get(tid)) is not None and e[0] is p]
-            if not mine:
-                return 0
-            taken = set(mine)
-            self._backlog = collections.deque(t for t in self._backlog if t[0] not in taken)
+                    if (e := self._pending.get(tid)) is not None and (p is None or e[0] is p)]
+            if p is None:
+                self._backlog.clear()  # entries of dropped passes go too
+            elif mine:
+                taken = set(mine)
+                self._backlog = collections.deque(t for t in self._backlog
+                                                  if t[0] not in taken)
             waiting = [self._pending.pop(tid) for tid in mine]
         for e in waiting:
             rows_to_threads(e[0], e[1], [(e[2], e[3])])
         return sum(e[3] - e[2] for e in waiting)
-
-    def _backlog_to_threads(self) -> None:
-        """(the stage broke) The backlog's tasks run in their pipelines' threads."""
-        with self._lock:
-            waiting = [self._pending.pop(tid, None) for tid, _ in self._backlog]
-            self._backlog.clear()
-        for e in waiting:
-            if e is not None:
-                rows_to_threads(e[0], e[1], [(e[2], e[3])])
 
     # -------------------------------------------------------------- collecting
     def _collect(self) -> None:
@@ -442,7 +435,7 @@ class ProcessStage:
             for row in range(lo, hi):
                 p.rows.note_failure(b, row, b.indices[row], error)
             p.rows_done(b, lo, hi)
-        self._backlog_to_threads()
+        self.give_back(None)  # the backlog runs in its passes' threads
 
     def forget_segment(self, path: str) -> None:
         with self._lock:
