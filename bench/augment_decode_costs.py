@@ -290,37 +290,31 @@ def _loader_costs(root: str, args: argparse.Namespace) -> None:
 
     reused = torch.empty(x.shape, dtype=torch.float32)
 
-    def norm(threads: int, out: Any = None) -> tuple[Any, int]:
+    # the one-op form normalize runs on a GPU: on the CPU torch converts the uint8 batch
+    # through a float temporary of its own
+    a, b = torch.rand(3, 1, 1), torch.rand(3, 1, 1)
+
+    def addcmul(out: Any) -> Any:
+        return torch.addcmul(b, x, a, out=out)
+
+    def norm(threads: int, out: Any = None, op: Any = None) -> tuple[Any, int]:
+        call = op or (lambda out: normalize(x, out=out))
+
         def run() -> None:
             before = torch.get_num_threads()
             torch.set_num_threads(threads)
             try:
                 for _ in range(reps):
-                    normalize(x, out=out)
+                    call(out)
             finally:
                 torch.set_num_threads(before)
         return run, reps * args.batch_size
 
-    def addcmul(out: Any) -> tuple[Any, int]:
-        # the one-op form normalize runs on a GPU: on the CPU torch converts the uint8
-        # batch through a float temporary of its own
-        a = torch.rand(3, 1, 1)
-        b = torch.rand(3, 1, 1)
-
-        def run() -> None:
-            before = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                for _ in range(reps):
-                    torch.addcmul(b, x, a, out=out)
-            finally:
-                torch.set_num_threads(before)
-        return run, reps * args.batch_size
     k = torch.get_num_threads()
     res = _rounds({f"{k} thread{'s' if k > 1 else ''} (torch's)": norm(k),
                    "1 thread": norm(1),
                    "1 thread, out= reused": norm(1, reused),
-                   "addcmul, out= reused": addcmul(reused)}, args.rounds)
+                   "addcmul, out= reused": norm(1, reused, addcmul)}, args.rounds)
     print(f"\n6. normalize, a [{args.batch_size}, 3, {args.size}, {args.size}] uint8 batch on "
           f"the CPU, per image")
     for name, (m, worst) in res.items():
