@@ -285,3 +285,42 @@ def test_one_pinned_thread_gets_each_batch_as_one_task(monkeypatch, threads):
         assert all((lo, hi) == (0, 10) for _, lo, hi in ring), ring
     else:
         assert any((lo, hi) != (0, 10) for _, lo, hi in ring), ring
+
+
+# ------------------------------------------------------------- the pass's start
+class WaitsForTheNextBatch:
+    """Row 1 waits (up to ``patience`` seconds) until a row of the second batch has
+    started, and records whether one did; every other row returns at once."""
+
+    def __init__(self, n: int, batch_size: int, patience: float = 10.0) -> None:
+        self.n, self.batch_size, self.patience = n, batch_size, patience
+        self.next_started = threading.Event()
+        self.saw_next: list[bool] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i >= self.batch_size:
+            self.next_started.set()
+        elif i == 1:
+            self.saw_next.append(self.next_started.wait(self.patience))
+        return torch.full((2,), i, dtype=torch.int64), i
+
+
+def _stack(samples):
+    return torch.stack([s[0] for s in samples]), [s[1] for s in samples]
+
+
+@pytest.mark.parametrize("collate", ["default", "custom"])
+def test_threads_start_the_next_batch_while_the_first_waits_for_its_last_row(collate):
+    """Once the first sample has shown the layout (or a custom ``collate_fn`` leaves
+    nothing to learn), the batches after the first are planned while the consumer
+    still waits for it: a thread that has no row of the first batch left runs the
+    next batch's instead of idling until the consumer takes the first."""
+    ds = WaitsForTheNextBatch(24, 8)
+    kw = {} if collate == "default" else {"collate_fn": _stack}
+    with AsyncLoader(ds, batch_size=8, num_threads=2, **kw) as al:
+        got = [x for x, _ in al]
+    assert ds.saw_next == [True]
+    assert torch.equal(torch.cat(got), torch.arange(24).repeat_interleave(2).view(24, 2))

@@ -8,6 +8,7 @@ or shared-memory segment is left and that memory stays flat over repeats.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -112,6 +114,31 @@ def test_close_from_another_thread_wakes_the_consumer(make, execution):
     assert time.monotonic() - t0 < 2.0, "close() waited for the samples in flight"
     assert isinstance(outcome[0], LoaderClosedError) and "closed" in str(outcome[0]), outcome
     assert_released(before)
+
+
+@pytest.mark.parametrize("execution", EXECUTIONS, indirect=True)
+def test_a_closed_pass_still_referenced_keeps_none_of_its_batches(execution):
+    """An iterator kept after its loader closed (or an exception's traceback that
+    holds its frames) keeps none of the batches the consumer had not taken: no
+    host buffer, no shared-memory segment stays mapped."""
+    before = Resources.snapshot()
+    loader = AsyncLoader(Rows(n=256, delay=0.02), batch_size=8, num_threads=2, prefetch=4,
+                         **on(execution))
+    it = iter(loader)
+    first, second = next(it), next(it)
+    p = it._p  # type: ignore[attr-defined]
+    with p.cond:
+        pending = list(p._tracked.values()) + list(p.ready.values())
+    assert pending  # prefetch: later batches are planned
+    bufs = [weakref.ref(t) for b in pending for t in (b.bufs or ())
+            if isinstance(t, torch.Tensor)]
+    del pending
+    loader.close()
+    gc.collect()
+    assert not p._tracked and not p.ready
+    assert [r for r in bufs if r() is not None] == []
+    del first, second
+    assert_released(before)  # ``it`` is still alive
 
 
 def test_sigint_interrupts_a_pass_and_a_wait_on_a_stuck_sample():

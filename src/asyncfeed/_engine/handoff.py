@@ -172,6 +172,16 @@ class BatchHandoff:
     def _ended(self) -> None:
         """Called after the pass finished or was stopped (each time, any thread)."""
 
+    def forget(self) -> None:
+        """(once the pass ended and its threads are joined; any thread) Let go of the
+        batches the consumer has not taken (an ended pass hands out none): whatever
+        still refers to the pass -- a traceback the user keeps, an iterator not yet
+        collected -- then keeps none of their memory (host buffers, shared-memory
+        segments).  Batches the user holds keep theirs."""
+        with self.cond:
+            self.ready.clear()
+            self._tracked.clear()
+
     # ----------------------------------------------------------------- consumer
     def start(self) -> None:
         """(consumer thread, at ``iter()``) Start the pass: plan its first batches."""
@@ -185,7 +195,7 @@ class BatchHandoff:
         """The batch ``k`` (or, with ``k=None``, the oldest ready one) once ready;
         None when the epoch has no more batches.  Raises LoaderTimeout, and
         LoaderClosedError once the pass was stopped (batches already ready are
-        still returned)."""
+        still returned until the stopped pass is joined: :meth:`forget`)."""
         deadline = None if not timeout else time.monotonic() + timeout
         self.waiting_since = time.perf_counter()
         try:

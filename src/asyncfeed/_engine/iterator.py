@@ -308,6 +308,7 @@ class _Iterator:
             self._p.stop(reason)
         self._runtime.close(wait=True, reason=reason or "the pass ended")
         # a pass's batch memory goes with it (batches still held keep theirs)
+        self._p.forget()
         self._ctx.host_pool.clear()
         if self._finalizer.detach() is not None and not self._done:
             _rewind(self._ctx.plan, self._ctx.generator, self._progress)

@@ -49,14 +49,17 @@ class LayoutHolder:
         self.layout = None
         self.decided = True
 
-    def offer(self, sample: Any) -> None:
-        """Read the layout off ``sample`` unless it is decided already (any thread)."""
+    def offer(self, sample: Any) -> bool:
+        """Read the layout off ``sample`` unless it is decided already (any thread);
+        True where this call decided it."""
         if self.decided:
-            return
+            return False
         with self._lock:
-            if not self.decided:
-                self.layout = Layout.infer(sample)
-                self.decided = True
+            if self.decided:
+                return False
+            self.layout = Layout.infer(sample)
+            self.decided = True
+            return True
 
 
 class SampleRows:
@@ -146,7 +149,15 @@ class SampleRows:
             if not b.mismatch:
                 self.write(b, row, sample, writer)
         elif not self.layouts.decided:
-            self.layouts.offer(sample)
+            self.offer_layout(sample)
+
+    def offer_layout(self, sample: Any) -> None:
+        """Read the loader's layout off ``sample`` if it is not decided yet (any
+        thread); where this decides it, wake the consumer: waiting for the pass's
+        first batch, it may now plan the batches after it (``Pipeline._ahead``)."""
+        if self.layouts.offer(sample):
+            with self.cond:
+                self.cond.notify_all()
 
     def note_failure(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
         """Sample ``idx`` (row ``row`` of ``b``) failed with ``e`` (any thread): the
