@@ -141,6 +141,42 @@ def test_a_closed_pass_still_referenced_keeps_none_of_its_batches(execution):
     assert_released(before)  # ``it`` is still alive
 
 
+class SlowStream(IterableDataset):
+    """64-float rows of a stream, ``delay`` seconds each; the rows are kept (weakly)."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+        self.made: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+
+    def _row(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        row = torch.full((64,), float(i))
+        self.made.add(row)
+        return row
+
+    def __iter__(self):
+        return (self._row(i) for i in range(self.n))  # the generator keeps no row
+
+
+def test_a_closed_stream_pass_still_referenced_keeps_none_of_its_batches():
+    """As above, for an ``IterableDataset``: the batches not taken, and the rows of
+    the one being cut, go when the pass ends."""
+    ds = SlowStream(512, 0.002)
+    loader = AsyncLoader(ds, batch_size=8, num_threads=2, prefetch=4)
+    it = iter(loader)
+    first, second = next(it), next(it)
+    p = it._p  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while not p.ready and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert p.ready  # a batch the consumer has not taken
+    loader.close()
+    gc.collect()
+    assert not p.ready and not p._tracked
+    assert len(ds.made) == 0, len(ds.made)
+    assert first.shape == second.shape == (8, 64)  # the batches taken stay the user's
+
+
 def test_sigint_interrupts_a_pass_and_a_wait_on_a_stuck_sample():
     code = textwrap.dedent("""
         import sys, threading, time, torch

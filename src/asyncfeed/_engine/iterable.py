@@ -132,6 +132,14 @@ class IterablePipeline(BatchHandoff):
         self._good = 0
         self._errors_in_row = 0
 
+    def forget(self) -> None:
+        """See ``BatchHandoff.forget``; the decoded chunks and the rows of the batch
+        being cut go too."""
+        super().forget()
+        with self.asm_lock:
+            self._decoded.clear()
+            self._reset()
+
     # ------------------------------------------------------------------ credit
     def top_up(self) -> None:
         """Ask for chunks while fewer than ``prefetch`` batches are outstanding
