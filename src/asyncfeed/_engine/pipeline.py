@@ -5,8 +5,8 @@ through in order:
 
 1. **plan** (here, :meth:`Pipeline.top_up`): the consumer's thread draws the
    index plan and makes a :class:`~.batch.Batch` while fewer than ``prefetch``
-   are outstanding (one, until the first sample has shown the batches' layout:
-   ``Pipeline._ahead``);
+   are outstanding (one, until the consumer has taken the first batch, unless
+   reads run on the event loop);
 2. **fetch** (``fetching``): with ``async fetch``, each sample's bytes are read
    on the event loop (``io_concurrency`` at once, or ahead of the plan by
    ``readahead``);
@@ -140,18 +140,18 @@ class Pipeline(BatchHandoff):
     def _ahead(self) -> int:
         """How many batches may be outstanding now.
 
-        One until the pass's first sample has shown whether its batches can be
-        written in place (a loader's first pass with the default collate; later
-        passes, and a custom ``collate_fn``, know from the start): the batches
-        planned before that are collated, those after it are written in place.
-        Then ``prefetch``: the threads, or a process stage's workers, take the
-        tasks in order, so the first batch's rows all start before a later
-        batch's, and those that would wait out its last rows, its collate and the
-        consumer's hand-over run the next batch's instead.  With reads on the
-        event loop, latency matters more than cores: every batch's reads start
-        at once (those planned before the layout was known are collated into
-        buffers).  Out of order (``in_order=False``) too: a slow first batch must
-        not hold back the others, which is what out-of-order delivery is for.
+        One until the consumer has taken the pass's first batch: that batch gets
+        every thread (no later batch competes with its last samples for the
+        cores), and by then its samples have shown whether batches can be
+        written in place, so the batches after it are.  With reads on the event
+        loop, latency matters more than cores: every batch's reads start at once
+        (those planned before the layout was known are collated into buffers).
+        Out of order (``in_order=False``) too: a slow first batch must not hold
+        back the others, which is what out-of-order delivery is for.  And once a
+        process stage runs with the layout known: each worker takes its tasks in
+        order, so later batches do not compete with the first one's rows, and are
+        written in place; with one batch ahead, the workers would wait between
+        finishing the first batch's rows and the consumer planning the next ones.
 
         Twice ``prefetch`` while the batch the consumer waits for (in order; no
         device copy, whose slot ring has ``prefetch`` slots) still waits for a
@@ -161,7 +161,7 @@ class Pipeline(BatchHandoff):
         bound is then twice ``prefetch`` batches.
         """
         ahead = self.taken > 0 or self.use_fetch or not self.in_order \
-            or self.layouts.decided
+            or (self.stage is not None and self.layouts.decided)
         if not ahead:
             return 1
         if self.readahead is not None and self.in_order and self.copy is None \
@@ -355,14 +355,10 @@ class Pipeline(BatchHandoff):
 
     def tick(self) -> float:
         """(consumer thread, see ``BatchHandoff.tick``) A stage that stopped is left;
-        batches are planned where more may be outstanding now than when the
-        consumer began to wait (the first sample showed the layout: ``_ahead``); then the
-        chooser's tick."""
+        then the chooser's tick."""
         stage = self.stage
         if stage is not None and not stage.usable:
             self._stage_stopped()
-        if self._room():
-            self.top_up()
         return self._chooser.tick() if self._chooser is not None else 1.0
 
     def _stage_stopped(self) -> None:

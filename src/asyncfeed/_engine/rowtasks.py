@@ -92,7 +92,7 @@ def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
     elif not rows.layouts.decided:
         for row in range(lo, hi):
             if failed is None or row not in failed:
-                rows.offer_layout(samples[row])
+                rows.layouts.offer(samples[row])
                 break
     return hi - lo, t[0] - t0[0], t[1] - t0[1]
 

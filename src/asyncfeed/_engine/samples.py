@@ -49,17 +49,14 @@ class LayoutHolder:
         self.layout = None
         self.decided = True
 
-    def offer(self, sample: Any) -> bool:
-        """Read the layout off ``sample`` unless it is decided already (any thread);
-        True where this call decided it."""
+    def offer(self, sample: Any) -> None:
+        """Read the layout off ``sample`` unless it is decided already (any thread)."""
         if self.decided:
-            return False
+            return
         with self._lock:
-            if self.decided:
-                return False
-            self.layout = Layout.infer(sample)
-            self.decided = True
-            return True
+            if not self.decided:
+                self.layout = Layout.infer(sample)
+                self.decided = True
 
 
 class SampleRows:
@@ -149,15 +146,7 @@ class SampleRows:
             if not b.mismatch:
                 self.write(b, row, sample, writer)
         elif not self.layouts.decided:
-            self.offer_layout(sample)
-
-    def offer_layout(self, sample: Any) -> None:
-        """Read the loader's layout off ``sample`` if it is not decided yet (any
-        thread); where this decides it, wake the consumer: waiting for the pass's
-        first batch, it may now plan the batches after it (``Pipeline._ahead``)."""
-        if self.layouts.offer(sample):
-            with self.cond:
-                self.cond.notify_all()
+            self.layouts.offer(sample)
 
     def note_failure(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
         """Sample ``idx`` (row ``row`` of ``b``) failed with ``e`` (any thread): the
