@@ -1084,6 +1084,43 @@ def test_a_block_duel_measures_the_choice_first_when_its_windows_are_old():
     assert decide(rec, sp).run == processes(2)
 
 
+def _serialised_start() -> Window:
+    """The start's first window of two threads that ran the rows one at a time (one
+    core between them, the process a little more), the consumer waiting throughout."""
+    return Window(threads(2), 100, 0.1, 0.1, 0.1, 0.105)
+
+
+def test_processes_dueled_first_run_next_and_a_clear_lead_ends_the_duel():
+    """The start's one window is the threads' block, begun: processes run next, and
+    where both their windows read above it by more than twice their margin they
+    win without the threads' second window."""
+    sp = space(2)
+    rec = Record([_serialised_start()])
+    d = decide(rec, sp)
+    assert d.processes_first and d.run == processes(2), d
+    rec.windows += [Window(processes(2), 195, 0.1, 0.1), Window(processes(2), 200, 0.1, 0.1)]
+    d = decide(rec, sp)
+    assert d.choice == processes(2) and d.reason is Reason.FASTER, d
+    assert d.run != threads(2) and sum(w.candidate == threads(2) for w in rec.windows) == 1
+    assert (d.duels[0].cheap, d.duels[0].cheap_rate) == (threads(2), 1000.0)
+
+
+def test_without_a_clear_lead_the_choice_completes_its_block_and_the_next_round_turns():
+    """A lead within twice the margin: the threads complete their block after the
+    processes' (A B B A); the duel is unsure, and its second round starts with the
+    side that ran last (B B A A ... then A A B B), one switch fewer."""
+    sp = space(2)
+    rec = Record([_serialised_start(), Window(processes(2), 108, 0.1, 0.1),
+                  Window(processes(2), 112, 0.1, 0.1)])
+    d = decide(rec, sp)
+    assert not d.settled and d.run == threads(2), d
+    rec.windows.append(Window(threads(2), 100, 0.1, 0.1))
+    d = decide(rec, sp)  # 10% ahead, the margin 5%: another round
+    assert not d.settled and not d.duels and d.run == threads(2), d
+    rec.windows += [Window(threads(2), 100, 0.1, 0.1)] * 2
+    assert decide(rec, sp).run == processes(2)
+
+
 def test_an_inline_window_far_below_the_processes_ends_its_duel_at_once():
     sp = space(2)
     rec = Record([Window(c, 100, 0.1, 0.1) for c in (threads(2), threads(1)) * 2]

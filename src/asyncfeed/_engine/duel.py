@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .readings import Candidate, Window
 
-__all__ = ["Duel", "PolicyConfig", "judge", "spread", "unsure"]
+__all__ = ["Duel", "PolicyConfig", "clear_lead", "hopeless", "judge", "spread", "unsure"]
 
 
 @dataclass(frozen=True)
@@ -113,3 +113,27 @@ def unsure(duel: Duel, config: PolicyConfig) -> bool:
     candidates that read alike."""
     return duel.cheap_rate * (1 + config.min_margin) < duel.dear_rate \
         <= duel.cheap_rate * (1 + 2 * duel.margin)
+
+
+def hopeless(choice: list[Window], rival: list[Window], config: PolicyConfig) -> bool:
+    """Whether the rival's one window read below every window of the choice (a
+    round's worth of them) by more than their spread (at least ``min_margin``): it
+    cannot win, and the duel ends without its second window (a slow candidate's
+    windows are what exploring costs)."""
+    if len(rival) != 1 or len(choice) < config.like_windows:
+        return False
+    mine = [w.rate for w in choice]
+    return rival[0].rate * (1 + max(config.min_margin, spread(mine))) < min(mine)
+
+
+def clear_lead(choice: list[Window], rival: list[Window], config: PolicyConfig) -> bool:
+    """Whether the rival, with its first block read, leads the choice, of which
+    fewer than a block were read, by more than twice the margin of its own windows
+    (at least ``min_margin``) in each of them: a lead beyond twice the margin is
+    decided whatever the rest of the choice's block would read, so the duel ends
+    without it."""
+    n = config.like_windows
+    if len(rival) < n or not 0 < len(choice) < n:
+        return False
+    m = max(config.min_margin, spread([w.rate for w in rival]))
+    return min(w.rate for w in rival) > max(w.rate for w in choice) * (1 + 2 * m)

@@ -14,10 +14,12 @@ speed, and when the consumer is, every candidate that keeps up reads the
 consumer's rate, so the cheaper one stays.
 
 Two candidates are compared in a *duel*: their windows alternate (A B A B; in
-blocks, A A B B, where processes or inline are one side) so that a drift of the
-pass's speed falls on both.  A duel in blocks whose choice was measured in the
-duel just before takes those windows as the choice's first block and starts
-with the rival's: they were read moments ago.  The *noise margin* is the
+blocks where processes or inline are one side, A A B B then B B A A) so that a
+drift of the pass's speed falls on both.  A block duel whose choice was read
+just before (the duel before, or the start's window that ordered the search)
+takes those windows as (the start of) the choice's first block and starts with
+the rival's; a dearer rival whose block leads them by more than twice its
+margin wins without the rest of the choice's block.  The *noise margin* is the
 spread between like windows of the same duel (the larger of the two
 candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
@@ -27,9 +29,9 @@ otherwise the cheaper one stays.  Where the dearer one led by more than
 one margin in about one duel of six; and a margin read from one round is one
 difference between two windows, which one slow window sets alone), the duel
 goes on for another round of windows, judged on all of them (up to
-``max_rounds``), before it is decided; a rival whose first
-window reads below every window of the choice by more than their spread loses
-at once (unless the rival is processes, which may still be starting).  A
+``max_rounds``), before it is decided; a rival whose first window reads below
+every window of the choice by more than their spread loses at once (unless the
+rival is processes, which may still be starting).  A
 cheaper side that keeps up with the consumer (its rate within the margin of
 the consumer's own pace) stays whatever the dearer reads: the consumer takes
 no more.  Signals (the GIL probe, a row's CPU time) explain the choice in
@@ -117,7 +119,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .duel import Duel, PolicyConfig, judge, spread, unsure
+from .duel import Duel, PolicyConfig, clear_lead, hopeless, judge, unsure
 from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
                        pooled_cores, processes, rows_and_cpu, threads)
 
@@ -202,6 +204,7 @@ class _Replay:
         self.processes_before_up = False  # one thread's rows never waited
         self.mine: list[Window] = []
         self.theirs: list[Window] = []
+        self.block_side: Candidate = self.choice  # a block duel's side that ran last
         self._advance()
 
     def _rung(self, c: Candidate) -> int:
@@ -381,6 +384,7 @@ class _Replay:
             if rival is not None:
                 self.rival = rival
                 self.mine = self._recent_of(self.choice) if self._in_blocks() else []
+                self.block_side = self.rival if self.mine else self.choice
                 return
             self.phases.pop(0)
             self.moved = False
@@ -391,14 +395,13 @@ class _Replay:
             if self.rival is not None else False
 
     def _recent_of(self, c: Candidate) -> list[Window]:
-        """The choice's first block of a duel in blocks: its last ``like_windows``
-        windows of this search, where they are among its last ``3 * like_windows``
-        (the duel that just ended, or the one before): measured moments ago, they
-        are what a fresh block would read, and a block duel then starts with the
-        rival's block.  Older windows are not used (the pass may have changed)."""
+        """The choice's first block of a block duel, or its start: its last windows
+        of this search, up to ``like_windows``, among the last ``3 * like_windows``
+        (the duel just ended, or the one before; the start's window that ordered
+        the search): read moments ago, as a fresh block would read.  Older windows
+        are not used (the pass may have changed)."""
         n = self.config.like_windows
-        mine = [w for w in self.fresh[-3 * n:] if w.candidate == c]
-        return mine[-n:] if len(mine) >= n else []
+        return [w for w in self.fresh[-3 * n:] if w.candidate == c][-n:]
 
     @property
     def settled(self) -> bool:
@@ -407,18 +410,21 @@ class _Replay:
     def next_run(self) -> Candidate:
         """Which candidate the next window runs: alternating within a duel, window by
         window between thread counts (a switch takes effect at the next task); in
-        blocks of ``like_windows`` where processes or inline are one side (the
-        chooser does not count the window after such a switch: the workers'
-        pipeline refills, or the consumer first takes the ready batches, so blocks
-        keep that cost to one window a block)."""
+        blocks where processes or inline are one side, each until it has its round's
+        windows, a round starting with the side that ran last.  The chooser does not
+        count the window after such a switch (the workers' pipeline refills, or the
+        consumer first takes the ready batches): one window a block."""
         if self.soloing:
             return threads(1)
         if self.rival is None:
             return self.choice
         if self._in_blocks():
-            n = self.config.like_windows
-            block = (len(self.mine) + len(self.theirs)) // n
-            return self.choice if block % 2 == 0 else self.rival
+            n = self.config.like_windows * self.round
+            side = self.block_side
+            ran = len(self.mine) if side == self.choice else len(self.theirs)
+            if ran >= n:
+                return self.rival if side == self.choice else self.choice
+            return side
         return self.choice if len(self.mine) <= len(self.theirs) else self.rival
 
     def feed(self, w: Window) -> None:
@@ -439,11 +445,12 @@ class _Replay:
             self.theirs.append(w)
         else:
             return
+        self.block_side = w.candidate
         if self._order_processes_first():
             return
         n = self.config.like_windows * self.round
         if len(self.mine) < n or len(self.theirs) < n:
-            if not self._hopeless():
+            if not self._hopeless() and not self._clear_lead():
                 return
         duel = judge(self.mine, self.theirs, self.config)
         if len(self.theirs) >= n and self.round < self.config.max_rounds \
@@ -527,18 +534,18 @@ class _Replay:
         return cores[0] <= 1 + m and cores[1] >= 1 - m
 
     def _hopeless(self) -> bool:
-        """Whether the rival's first window read below every window of the choice by
-        more than their spread: it cannot win, and the duel ends without its
-        second window (a slow candidate's windows are what exploring costs).  Not
-        for a rival that is processes, whose first windows may still be starting
-        up."""
-        if self.round != 1 or len(self.theirs) != 1 \
-                or len(self.mine) < self.config.like_windows \
-                or self.theirs[0].candidate.mode is Mode.PROCESSES:
-            return False  # (processes: their start-up can outlast the uncounted window)
-        mine = [w.rate for w in self.mine]
-        m = max(self.config.min_margin, spread(mine))
-        return self.theirs[0].rate * (1 + m) < min(mine)
+        """The rival lost before its second window (``duel.hopeless``); not for a
+        rival that is processes, whose first windows may still be starting up."""
+        return self.round == 1 and self.rival is not None \
+            and self.rival.mode is not Mode.PROCESSES \
+            and hopeless(self.mine, self.theirs, self.config)
+
+    def _clear_lead(self) -> bool:
+        """The rival, the dearer, won a block duel before the choice's block was
+        complete (``duel.clear_lead``)."""
+        return self.round == 1 and self._in_blocks() and self.rival is not None \
+            and self.rival.cost > self.choice.cost \
+            and clear_lead(self.mine, self.theirs, self.config)
 
     def start_recheck(self) -> None:
         """Duel the choice with its neighbours again (see the module docstring)."""
