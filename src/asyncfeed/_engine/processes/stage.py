@@ -315,13 +315,11 @@ class ProcessStage:
         with self._lock:
             mine = [tid for tid, _ in self._backlog
                     if (e := self._pending.get(tid)) is not None and (p is None or e[0] is p)]
-            if p is None:
-                self._backlog.clear()  # entries of dropped passes go too
-            elif mine:
-                taken = set(mine)
-                self._backlog = collections.deque(t for t in self._backlog
-                                                  if t[0] not in taken)
             waiting = [self._pending.pop(tid) for tid in mine]
+            # as drop_pipeline: the backlog keeps the tasks still pending (entries of
+            # dropped passes go too)
+            self._backlog = collections.deque(t for t in self._backlog
+                                              if t[0] in self._pending)
         for e in waiting:
             rows_to_threads(e[0], e[1], [(e[2], e[3])])
         return sum(e[3] - e[2] for e in waiting)
