@@ -549,16 +549,22 @@ def test_the_more_threads_bound_leaves_the_consumer_its_cores(cores):
 
 
 def _scripted(sp: Space, script: dict[Candidate, list[float]], steps: int) -> Decision:
-    """Drive ``decide`` for ``steps`` windows; each candidate's k-th window reads
-    ``script[c][k]`` rows/s (its last entry thereafter), 0.1 s long."""
+    """Drive ``decide`` for ``steps`` windows (see :func:`_scripted_record`)."""
+    return decide(Record(_scripted_record(sp, script, steps)), sp)
+
+
+def _scripted_record(sp: Space, script: dict[Candidate, list[float]], steps: int
+                     ) -> list[Window]:
+    """Drive ``decide`` for ``steps`` windows, each of the candidate it runs; returns
+    them.  Each candidate's k-th window reads ``script[c][k]`` rows/s (its last
+    entry thereafter), 0.1 s long."""
     rec = Record()
     for _ in range(steps):
         c = decide(rec, sp).run
         rates = script[c]
         seen = sum(w.candidate == c for w in rec.windows)
-        r = rates[min(seen, len(rates) - 1)]
-        rec.windows.append(Window(c, round(r * 0.1), 0.1, 0.05))
-    return decide(rec, sp)
+        rec.windows.append(Window(c, round(rates[min(seen, len(rates) - 1)] * 0.1), 0.1, 0.05))
+    return rec.windows
 
 
 def test_a_lead_of_less_than_two_margins_must_hold_over_another_round():
@@ -583,18 +589,36 @@ def test_a_lead_inside_the_margin_is_not_measured_again():
     assert d.settled and d.choice == threads(2) and d.reason is Reason.CHEAPER, d
 
 
-def test_a_lead_inside_a_margin_that_one_slow_window_set_is_measured_again():
-    """Processes' first window reads 600 rows/s (a start still under way), their
-    second 1,100: a 59% margin, which their 13% lead over two threads does not
-    beat.  That margin is one difference: the duel goes on, the next windows read
+@pytest.mark.parametrize("slow", [600.0, 500.0], ids=["ahead", "level"])
+def test_a_lead_inside_a_margin_that_one_slow_window_set_is_measured_again(slow):
+    """Processes' first window reads ``slow`` rows/s (a start still under way,
+    another process's burst), their second 1,100: a 13% lead over two threads
+    inside a 59% margin (600), or a median level with them and a 67% margin
+    (500, the 5% floor beaten by the noise beyond it).  The slow window set the
+    margin, and its side's median: the duel goes on, the next windows read
     alike, and processes win on the margin of all their windows."""
     sp = space(2, pool=4, inline=False)
     script = {threads(1): [500.0], threads(2): [750.0], threads(4): [600.0],
-              processes(2): [600.0, 1100.0, 950.0, 980.0, 960.0, 970.0]}
+              processes(2): [slow, 1100.0 if slow == 600.0 else 1000.0,
+                             950.0, 980.0, 960.0, 970.0]}
     d = _scripted(sp, script, 40)
     assert d.settled and d.choice == processes(2) and d.reason is Reason.FASTER, d
     last = d.duels[-1]
     assert (last.cheap, last.dear) == (threads(2), processes(2)) and last.margin < 0.1, last
+
+
+def test_a_dearer_side_behind_beyond_the_noise_is_not_measured_again():
+    """Processes read 600 and 700 rows/s against two threads' 1,000 and 1,010: even
+    the noise their windows showed leaves them short of the floor's lead, so the
+    duel ends after one round."""
+    sp = space(2, pool=4, inline=False)
+    script = {threads(1): [600.0], threads(2): [1000.0, 1010.0], threads(4): [600.0],
+              processes(2): [600.0, 700.0, 2000.0]}
+    d = _scripted(sp, script, 40)
+    assert d.settled and d.choice == threads(2), d
+    duel = next(x for x in d.duels if x.dear == processes(2))
+    assert duel.winner == threads(2), duel
+    assert sum(w.candidate == processes(2) for w in _scripted_record(sp, script, 40)) == 2
 
 
 def test_a_lead_of_more_than_two_margins_wins_after_one_round():

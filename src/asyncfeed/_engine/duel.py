@@ -108,11 +108,19 @@ def unsure(duel: Duel, config: PolicyConfig) -> bool:
     six, so such a lead must hold over another round's windows; and a lead inside
     a margin set by two windows is that one difference, which a slow window (a
     start still under way, another process's burst) makes alone, so the margin
-    is read again over more windows.  A lead inside ``min_margin`` is not
-    measured again: the cheaper stays, as it would after more rounds of two
-    candidates that read alike."""
-    return duel.cheap_rate * (1 + config.min_margin) < duel.dear_rate \
-        <= duel.cheap_rate * (1 + 2 * duel.margin)
+    is read again over more windows.
+
+    The lead that must be beaten for this is ``min_margin`` less the noise the
+    windows showed beyond it (``margin - min_margin``): a slow window that widens
+    the margin also drags its side's median (of two windows, their mean) down,
+    so a dearer side that reads level with the cheaper, or behind it, while its
+    windows read that far apart may still lead.  Where the windows read no
+    further apart than ``min_margin`` a lead inside it is not measured again:
+    the cheaper stays, as it would after more rounds of two candidates that
+    read alike."""
+    noise = duel.margin - config.min_margin
+    return duel.cheap_rate * (1 + config.min_margin) < duel.dear_rate * (1 + noise) \
+        and duel.dear_rate <= duel.cheap_rate * (1 + 2 * duel.margin)
 
 
 def hopeless(choice: list[Window], rival: list[Window], config: PolicyConfig) -> bool:

@@ -25,13 +25,13 @@ candidates' relative spreads, at least ``PolicyConfig.min_margin``).  The
 dearer candidate (order: inline, then threads by count, then processes) wins
 only where its median rate beats the cheaper one's by more than that margin;
 otherwise the cheaper one stays.  Where the dearer one led by more than
-``min_margin`` but by less than twice the margin (noise alone gives a lead of
-one margin in about one duel of six; and a margin read from one round is one
-difference between two windows, which one slow window sets alone), the duel
-goes on for another round of windows, judged on all of them (up to
-``max_rounds``), before it is decided; a rival whose first window reads below
-every window of the choice by more than their spread loses at once (unless the
-rival is processes, which may still be starting).  A
+``min_margin`` less the noise beyond it, but by less than twice the margin
+(noise alone gives a lead of one margin in about one duel of six; a margin read
+from one round is one difference between two windows, which one slow window
+sets alone, dragging its side's median too: ``duel.unsure``), the duel goes on
+for another round, judged on all its windows (up to ``max_rounds``); a rival
+whose first window reads below every window of the choice by more than their
+spread loses at once (unless it is processes, which may still be starting).  A
 cheaper side that keeps up with the consumer (its rate within the margin of
 the consumer's own pace) stays whatever the dearer reads: the consumer takes
 no more.  Signals (the GIL probe, a row's CPU time) explain the choice in
