@@ -25,6 +25,7 @@ from asyncfeed._engine import processes
 from asyncfeed._engine.processes import stage as stage_mod, taskrows
 from asyncfeed._engine.policy import INLINE, Mode, Reason
 from asyncfeed._engine.policy import processes as processes_n
+from asyncfeed._engine.policy import threads as threads_n
 from asyncfeed._engine.tasksize import RowCost
 from support.oracle import MixedFixed, TupleFixed, assert_parity, assert_same_batches
 
@@ -228,6 +229,33 @@ def test_switch_to_processes_mid_pass_keeps_batches_identical():
                 al._chooser.request(processes_n(2))
         ex = al.stats().execution
         assert (ex.mode, ex.count) == (Mode.PROCESSES, 2), str(ex)
+    assert_same_batches(got, want)
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_switches_into_and_out_of_inline_mid_pass_keep_collated_batches_identical():
+    """Collated batches, rows switched mid-pass from threads to inline (the consumer
+    then loads each batch itself when it asks for it), to threads, to processes and
+    back to inline: the batches DataLoader yields, each sample once, the plan's
+    generator left where DataLoader leaves it."""
+    def collate(batch):
+        return {"img": torch.stack([s["img"] for s in batch]),
+                "names": [s["name"] for s in batch]}
+
+    ds = MixedFixed(240)
+    want = list(DataLoader(ds, batch_size=6, shuffle=True, collate_fn=collate,
+                           generator=(g2 := torch.Generator().manual_seed(3))))
+    switches = {3: INLINE, 9: threads_n(2), 15: processes_n(2), 22: INLINE}
+    got = []
+    with AsyncLoader(ds, batch_size=6, shuffle=True, collate_fn=collate,
+                     generator=(g1 := torch.Generator().manual_seed(3)),
+                     multiprocessing_context="fork") as al:
+        for k, batch in enumerate(al):
+            got.append(batch)
+            if k in switches:
+                al._chooser.request(switches[k])
+        ex = al.stats().execution
+        assert ex.mode is Mode.INLINE, str(ex)
     assert_same_batches(got, want)
     assert torch.equal(g1.get_state(), g2.get_state())
 

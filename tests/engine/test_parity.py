@@ -192,6 +192,38 @@ def test_custom_collate_fn(execution):
                   **on(execution))
 
 
+class _Drawn(torch.utils.data.Sampler):
+    """0..n-1 in order, counting how many were drawn so far."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.drawn = n, 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.drawn += 1
+            yield i
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_inline_draws_the_sampler_when_each_batch_is_asked_for():
+    """Rows inline, as ``num_workers=0``, on collated batches: each batch is planned
+    when the consumer asks for it, so the sampler is drawn as DataLoader draws it
+    (a sampler that adapts to what the training loop saw, a curriculum or
+    hard-example mining, sees each batch's outcome before the next is drawn)."""
+    def drawn_at_each_batch(loader, sampler) -> list[int]:
+        return [sampler.drawn for _ in loader]
+
+    ds = TupleFixed(40)
+    want = drawn_at_each_batch(DataLoader(ds, batch_size=4, sampler=(s := _Drawn(40)),
+                                          collate_fn=list), s)
+    with AsyncLoader(ds, batch_size=4, sampler=(a := _Drawn(40)), collate_fn=list,
+                     execution="inline") as al:
+        got = drawn_at_each_batch(al, a)
+    assert got == want == list(range(4, 41, 4))
+
+
 class WithGetitems(TupleFixed):
     def __init__(self, n: int = 50) -> None:
         super().__init__(n)

@@ -219,9 +219,7 @@ class BatchHandoff:
                 elif self.ready:
                     return self._queued(self.ready.pop(min(self.ready)))
                 if self.stopping:
-                    raise LoaderClosedError(
-                        f"this iterator is closed: {self.close_reason or 'the loader was closed'}"
-                        " (while waiting for a batch)")
+                    raise self._closed_error()
                 if self.taken >= self.submitted and self.exhausted:
                     return None
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -238,6 +236,12 @@ class BatchHandoff:
                     self.cond.wait(step if remaining is None else min(remaining, step))
                 finally:
                     self._awaited = None
+
+    def _closed_error(self) -> LoaderClosedError:
+        """What the consumer raises for a batch it asked for after the pass was stopped."""
+        return LoaderClosedError(
+            f"this iterator is closed: {self.close_reason or 'the loader was closed'}"
+            " (while waiting for a batch)")
 
     def tick(self) -> float:
         """(consumer thread, each time it waits or looks again) What the pass does

@@ -52,7 +52,7 @@ from .policy import Candidate, Handoff, Mode
 from .processes import handover, transport
 from .readahead import ReadAhead
 from .runtime import Runtime
-from . import samples
+from . import rowtasks, samples
 from .samples import LayoutHolder, SampleRows
 from .tasksize import Gate
 
@@ -171,30 +171,38 @@ class Pipeline(BatchHandoff):
 
     def _room(self) -> bool:
         return not self.exhausted and not self.stopping \
-            and self.submitted - self.taken < self._ahead()
+            and self.submitted - self.taken < self._ahead() and not self._direct()
 
     def top_up(self) -> None:
-        """Submit planned batches until enough are outstanding (consumer thread).
-        A sampler's error becomes a batch that carries it (``BatchMode.PLAN``)."""
+        """Submit planned batches until enough are outstanding (consumer thread)."""
         while self._room():
-            try:
-                item = next(self.plan)
-            except StopIteration:
-                with self.cond:
-                    self._plan_exhausted()
-                    self.cond.notify_all()
+            b = self._plan_next()
+            if b is None:
                 return
-            except Exception as e:  # noqa: BLE001 - a sampler's error, raised at its batch
-                b = Batch(self.submitted, [], BatchMode.PLAN)
-                b.error = e
-                self.sizes.append(0)
-                self.submitted += 1
-                with self.cond:
-                    self._plan_exhausted()
-                self._mark_ready(b)
-                return
-            indices = list(item) if self.auto_collation else [item]
-            self._submit(Batch(self.submitted, indices, self._mode_for()))
+            self._submit(b)
+
+    def _plan_next(self) -> Batch | None:
+        """The plan's next batch, not yet submitted (consumer thread); None at the
+        plan's end.  A sampler's error becomes a batch that carries it
+        (``BatchMode.PLAN``), ready at once: None too."""
+        try:
+            item = next(self.plan)
+        except StopIteration:
+            with self.cond:
+                self._plan_exhausted()
+                self.cond.notify_all()
+            return None
+        except Exception as e:  # noqa: BLE001 - a sampler's error, raised at its batch
+            b = Batch(self.submitted, [], BatchMode.PLAN)
+            b.error = e
+            self.sizes.append(0)
+            self.submitted += 1
+            with self.cond:
+                self._plan_exhausted()
+            self._mark_ready(b)
+            return None
+        indices = list(item) if self.auto_collation else [item]
+        return Batch(self.submitted, indices, self._mode_for())
 
     def _mode_for(self) -> BatchMode:
         if self._getitems is not None:
@@ -388,6 +396,58 @@ class Pipeline(BatchHandoff):
         self.acct.gate = self.gate
         stage.give_back(self)
 
+    # ------------------------------------------- inline: the consumer's own batch
+    def _direct(self) -> bool:
+        """Whether the consumer loads each batch itself when it asks for it (see
+        :meth:`wait`): rows run inline, the batches are collated, and their rows
+        are read in this process by ``__getitem__`` (no fetch stage, no
+        ``__getitems__``, no process stage)."""
+        return self.inline and self.stage is None and self.fetching is None \
+            and self._getitems is None and self._mode_for() is BatchMode.COLLATE
+
+    def wait(self, k: int | None, timeout: float | None) -> Batch | None:
+        """As ``BatchHandoff.wait``.  Where the consumer loads the batches itself
+        (:meth:`_direct`) and has taken every batch planned, it plans the next one,
+        loads its rows and collates it here and now, as ``DataLoader`` with
+        ``num_workers=0`` does: no task is queued for it and no batch is planned
+        ahead (``_room``), so the loader costs the consumer no more than that.
+        Raises LoaderClosedError where the pass was stopped meanwhile (a row
+        started still finishes)."""
+        if self.submitted != self.taken or self.exhausted or self.stopping \
+                or not self._direct():
+            return super().wait(k, timeout)
+        self.waiting_since = time.perf_counter()
+        try:
+            return self._load_now(k, timeout)
+        finally:
+            self.waiting_since = 0.0
+
+    def _load_now(self, k: int | None, timeout: float | None) -> Batch | None:
+        with self.cond:
+            call, self._call = self._call, None
+        if call is not None:  # see call_waiting
+            call()
+        self.tick()  # the chooser's windows, as a waiting consumer's loop reads them
+        if self.taken:
+            self.primed = True
+        if not self._direct():  # the chooser switched: the rows run elsewhere now
+            self.top_up()
+            return super().wait(k, timeout)
+        b = self._plan_next()
+        if b is None:  # the plan's end, or a sampler's error (a ready batch)
+            return super().wait(k, timeout)
+        self.sizes.append(b.n)
+        self.submitted += 1
+        if b.n:
+            done, cpu = rowtasks.load_rows(self, b, 0, b.n)
+            with self.cond:
+                self.completions.count(done, batch_done=done == b.n)
+                self.rows_cpu_s += cpu
+        if self.stopping:
+            raise self._closed_error()
+        self._assemble(b)
+        return b
+
     def abandon(self, b: Batch) -> None:
         """``b`` cannot be loaded (the loader is closing): it is ready with that error."""
         b.error = b.error or LoaderClosedError("the loader was closed")
@@ -428,6 +488,12 @@ class Pipeline(BatchHandoff):
 
         Once the pass is over nobody takes the batch: it is only marked ready (a
         thread abandoned at exit must not start a collate or a copy)."""
+        self._assemble(b)
+        self._mark_ready(b)
+
+    def _assemble(self, b: Batch) -> None:
+        """``b``'s rows made one host batch (``b.output``), its copy started; what
+        that raises is ``b.error``.  Not once the pass is over (``b.error`` says so)."""
         if self._probe is None and b.mode is BatchMode.COLLATE:
             self._probe = b.samples[:_PROBE_ROWS]
         t = self.acct.begin()
@@ -441,11 +507,7 @@ class Pipeline(BatchHandoff):
             elif b.error is None and not b.failures:
                 host = assemble(self.rows, b, self.collate, self.ring_ok)
                 b.output, b.event = self.to_target(host)
-                # the batch holds its output now; this frame must not while it waits
-                # for the hand-over below (the consumer may drop the output meanwhile)
-                del host
         except BaseException as e:  # noqa: BLE001
             b.error = e
         if b.n:
             self.acct.end(ASSEMBLE, t)
-        self._mark_ready(b)

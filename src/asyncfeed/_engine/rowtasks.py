@@ -22,7 +22,7 @@ from .accounting import ASSEMBLE, DECODE
 from .batch import NO_RAW, Batch, BatchMode
 from .samples import RowHost, write_run
 
-__all__ = ["run_rows", "run_sample"]
+__all__ = ["load_rows", "run_rows", "run_sample"]
 
 
 def run_rows(p: RowHost, b: Batch, lo: int, hi: int) -> None:
@@ -37,6 +37,16 @@ def run_rows(p: RowHost, b: Batch, lo: int, hi: int) -> None:
     stage = p.stage
     if stage is not None and stage.submit(p, b, lo, hi, None):
         return
+    done, cpu = load_rows(p, b, lo, hi)
+    if done == hi - lo:
+        p.rows_done(b, lo, hi, cpu)
+
+
+def load_rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float]:
+    """Rows ``lo..hi`` of ``b`` loaded in this thread (a task's work, or the inline
+    consumer's, ``Pipeline.wait``), their rows, wall and CPU time reported to the
+    row cost means; returns (rows gone through, thread CPU seconds).  Fewer rows
+    than asked when the pass stopped meanwhile."""
     try:
         done, wall, cpu = _rows(p, b, lo, hi)
     except BaseException as e:  # noqa: BLE001 - a bug of ours: the batch fails with it
@@ -44,8 +54,7 @@ def run_rows(p: RowHost, b: Batch, lo: int, hi: int) -> None:
             b.error = b.error or e  # would wait for these rows for ever)
         done, wall, cpu = hi - lo, 0.0, 0.0
     p.row_cost.record(done, wall, cpu)
-    if done == hi - lo:
-        p.rows_done(b, lo, hi, cpu)
+    return done, cpu
 
 
 def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
