@@ -175,7 +175,8 @@ def test_rows_that_would_come_back_pickled_dearer_than_they_load_never_fork():
     thread delivers, so they are not even started."""
     ds = PickledBack()
     with AsyncLoader(ds, batch_size=64, collate_fn=ids_of) as al:
-        _settle(al, ds, 64, collate_fn=ids_of)
+        # its passes are short: a duel's later rounds read windows over several
+        _settle(al, ds, 64, passes=80, collate_fn=ids_of)
         ex = al.stats().execution
         assert al._exec.stage is None
         handoff = al._chooser.record.handoff

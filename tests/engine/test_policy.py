@@ -8,6 +8,7 @@ between like windows that a noisy machine shows.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Callable
@@ -575,6 +576,7 @@ def test_a_lead_of_less_than_two_margins_must_hold_over_another_round():
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1080.0, 1080.0, 1000.0]}
     d = _scripted(sp, script, 7)  # the bottom duel, then one round of 2 against 4
     assert not d.settled and d.choice == threads(2) and d.rival == threads(4), d
+    assert d.window_scale == 2  # the second round's windows last twice as long
     d = _scripted(sp, script, 40)
     assert d.settled and d.choice == threads(2) and d.reason is Reason.CHEAPER, d
     assert d.duels[-1].dear == threads(4) and d.duels[-1].winner == threads(2)
@@ -949,6 +951,23 @@ def test_a_window_after_a_switch_leaves_out_the_tasks_started_before_it():
     assert ch._w0 is not None and ch._w0.events == ctl.events
 
 
+def test_the_chooser_reads_a_window_as_long_as_the_decision_asks():
+    """A duel's later rounds read longer windows (``Decision.window_scale``): the
+    chooser closes the window only once it lasted that many least windows."""
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(gil_free(2), clock)
+    ch.begin_pass(ctl)
+    _ticks(ch, ctl, 3)
+    assert ch.exploring and ch.record.windows
+    assert all(w.seconds < 0.04 for w in ch.record.windows)
+    n = len(ch.record.windows)
+    ch.decision = dataclasses.replace(ch.decision, window_scale=3)
+    while len(ch.record.windows) == n:
+        _ticks(ch, ctl, 1)
+    assert ch.record.windows[n].seconds == pytest.approx(0.06)
+
+
 def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():
     clock = [0.0]
     ch = Chooser(space(2), clock=lambda: clock[0])
@@ -1027,17 +1046,22 @@ def test_no_window_opens_while_a_stage_that_was_left_still_runs_rows():
 
 
 def test_rechecks_back_off_on_a_rate_that_keeps_moving():
+    """A rate that halves and recovers every 60 ms: the settled choice may drift
+    again and again, and each re-check waits longer than the last (the settled
+    windows it waits for double), so a handful run in 6000 ticks."""
     clock = [0.0]
     ch = Chooser(space(2), clock=lambda: clock[0])
     flip = itertools.cycle([gil_free(2)] * 30 + [lambda c: gil_free(2)(c) * 0.5] * 30)
     ctl = _Control(lambda c: next(flip)(c), clock)
     ch.begin_pass(ctl)
-    _ticks(ch, ctl, 6000)
-    at = ch.record.recheck_at
-    gaps = [b - a for a, b in zip(at, at[1:])]
-    assert len(at) <= 8, at                     # 6000 windows, a handful of re-checks
-    settled_gaps = [b - a for a, b in zip(at, at[1:])]
-    assert settled_gaps == sorted(settled_gaps) or len(gaps) < 2, at
+    starts: list[int] = []  # the tick at which each re-check began
+    for tick in range(6000):
+        _ticks(ch, ctl, 1)
+        if len(ch.record.recheck_at) > len(starts):
+            starts.append(tick)
+    assert len(starts) <= 8, starts
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps == sorted(gaps), starts
 
 
 def test_a_requested_candidate_runs_and_nothing_is_measured_after():

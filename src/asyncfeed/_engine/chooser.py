@@ -264,8 +264,10 @@ class Chooser:
         # reply), and a window cut between chunks would count a share of one
         c = self._carried
         elapsed = c.at + last - w0.at
-        if elapsed < self._window_s or c.events + events - w0.events < self.config.window_events:
-            return max(self._window_s - elapsed - (now - last),
+        scale = self.decision.window_scale  # a duel's later rounds read longer windows
+        if elapsed < self._window_s * scale \
+                or c.events + events - w0.events < self.config.window_events * scale:
+            return max(self._window_s * scale - elapsed - (now - last),
                        self._window_s / 4)
         self._w0 = _Mark.now(control, rows, events, last)
         total = c.plus(w0, self._w0)

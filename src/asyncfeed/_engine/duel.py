@@ -1,6 +1,7 @@
 """A duel of two candidates' windows, judged: each side's rate, the noise margin
 measured between like windows, and the winner (see :mod:`.policy` for the
-search that runs the duels); and the parameters the policy runs on."""
+search that runs the duels); whether a settled choice's rate drifted; and the
+parameters the policy runs on."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 
 from .readings import Candidate, Window
 
-__all__ = ["Duel", "PolicyConfig", "clear_lead", "hopeless", "judge", "spread", "unsure"]
+__all__ = ["Duel", "PolicyConfig", "clear_lead", "drifted", "hopeless", "judge", "spread",
+           "unsure"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,8 @@ class PolicyConfig:
     threads hold it at least twice; shorter windows measure whose turn it was.
     Longer ones only make exploring dearer (a window runs a candidate that may
     be the slower one): the noise a window still shows is measured, as the
-    duel's margin.  ``window_events``: and sees at
+    duel's margin.  A duel's later rounds read windows twice as long as the
+    round before's (``Decision.window_scale``).  ``window_events``: and sees at
     least this many completions (tasks or worker replies): rows arrive in
     chunks, and a window of one chunk measures the chunk.  ``like_windows``:
     windows per side of a duel round (two are the least that show a spread).
@@ -145,3 +148,15 @@ def clear_lead(choice: list[Window], rival: list[Window], config: PolicyConfig) 
         return False
     m = max(config.min_margin, spread([w.rate for w in rival]))
     return min(w.rate for w in rival) > max(w.rate for w in choice) * (1 + 2 * m)
+
+
+def drifted(settled_rate: float, recent: list[float], margin: float,
+            config: PolicyConfig = PolicyConfig()) -> bool:
+    """Whether the settled choice's recent window rates left its band: their median
+    off ``settled_rate`` by more than twice the duel's margin (at least twice
+    ``min_margin``).  Needs ``like_windows * 2`` recent readings."""
+    if settled_rate <= 0 or len(recent) < 2 * config.like_windows:
+        return False
+    band = 2 * max(margin, config.min_margin)
+    m = statistics.median(recent)
+    return abs(m - settled_rate) / settled_rate > band

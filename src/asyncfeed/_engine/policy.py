@@ -29,7 +29,9 @@ otherwise the cheaper one stays.  Where the dearer one led by more than
 (noise alone gives a lead of one margin in about one duel of six; a margin read
 from one round is one difference between two windows, which one slow window
 sets alone, dragging its side's median too: ``duel.unsure``), the duel goes on
-for another round, judged on all its windows (up to ``max_rounds``); a rival
+for another round, judged on all its windows (up to ``max_rounds``), each
+window twice as long as the last round's (the noise of a machine's scheduler
+averages out over a window's length, as it does not over more windows); a rival
 whose first window reads below every window of the choice by more than their
 spread loses at once (unless it is processes, which may still be starting).  A
 cheaper side that keeps up with the consumer (its rate within the margin of
@@ -119,7 +121,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .duel import Duel, PolicyConfig, clear_lead, hopeless, judge, unsure
+from .duel import Duel, PolicyConfig, clear_lead, drifted, hopeless, judge, unsure
 from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
                        pooled_cores, processes, rows_and_cpu, threads)
 
@@ -149,7 +151,9 @@ class Decision:
     to them, less the margin); else None.  ``processes_first``: the start's threads
     ran the rows one at a time, so processes were dueled first (the search's order).
     ``processes_before_up``: one thread's rows never waited, so processes were
-    dueled before more threads than the cores (the search's order)."""
+    dueled before more threads than the cores (the search's order).
+    ``window_scale``: the next window lasts this many times the least window (its
+    length and completions): twice the last round's in each round of a duel."""
 
     run: Candidate
     choice: Candidate
@@ -164,6 +168,7 @@ class Decision:
     threads_skipped: Reason | None = None
     processes_first: bool = False
     processes_before_up: bool = False
+    window_scale: int = 1
 
     def most_threads(self) -> int:
         """The most threads the candidates of the open duel run (inline and processes
@@ -580,21 +585,10 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     inline_skipped=r.inline_skipped, threads_skipped=r.threads_skipped,
                     processes_first=r.processes_first,
                     # reordered, but skipped by a bound in their turn: not tried
-                    processes_before_up=r.processes_before_up and r.skipped is None)
+                    processes_before_up=r.processes_before_up and r.skipped is None,
+                    window_scale=2 ** (r.round - 1) if r.rival is not None else 1)
 
 
 def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:
     """The decision for a candidate the user chose (or the only one there is)."""
     return Decision(run=candidate, choice=candidate, settled=True, reason=reason)
-
-
-def drifted(settled_rate: float, recent: list[float], margin: float,
-            config: PolicyConfig = PolicyConfig()) -> bool:
-    """Whether the settled choice's recent window rates left its band: their median
-    off ``settled_rate`` by more than twice the duel's margin (at least twice
-    ``min_margin``).  Needs ``like_windows * 2`` recent readings."""
-    if settled_rate <= 0 or len(recent) < 2 * config.like_windows:
-        return False
-    band = 2 * max(margin, config.min_margin)
-    m = statistics.median(recent)
-    return abs(m - settled_rate) / settled_rate > band
