@@ -208,10 +208,7 @@ class BatchHandoff:
         with self.cond:
             while True:
                 due = self._unlocked(self.tick)
-                call = self._call
-                if call is not None:  # see call_waiting
-                    self._call = None
-                    self._unlocked(call)
+                if self._call is not None and self._unlocked(self._run_call):
                     continue
                 if k is not None:
                     if k in self.ready:
@@ -265,6 +262,16 @@ class BatchHandoff:
         with self.cond:
             self._call = fn
             self.cond.notify_all()
+
+    def _run_call(self) -> bool:
+        """(consumer thread, without the pass's lock) Make the call ``call_waiting``
+        left, if one is left; whether one was."""
+        with self.cond:
+            call, self._call = self._call, None
+        if call is None:
+            return False
+        call()
+        return True
 
     def _queued(self, b: Batch) -> Batch:
         if self._handing is not None:  # (cond held) a thread that readied it waits:

@@ -182,9 +182,10 @@ class Pipeline(BatchHandoff):
             self._submit(b)
 
     def _plan_next(self) -> Batch | None:
-        """The plan's next batch, not yet submitted (consumer thread); None at the
-        plan's end.  A sampler's error becomes a batch that carries it
-        (``BatchMode.PLAN``), ready at once: None too."""
+        """The plan's next batch, counted (``submitted``, its size in ``sizes``) but
+        given to no stage yet (consumer thread); None at the plan's end.  A
+        sampler's error becomes a batch that carries it (``BatchMode.PLAN``), ready
+        at once: None too."""
         try:
             item = next(self.plan)
         except StopIteration:
@@ -202,7 +203,10 @@ class Pipeline(BatchHandoff):
             self._mark_ready(b)
             return None
         indices = list(item) if self.auto_collation else [item]
-        return Batch(self.submitted, indices, self._mode_for())
+        b = Batch(self.submitted, indices, self._mode_for())
+        self.sizes.append(b.n)
+        self.submitted += 1
+        return b
 
     def _mode_for(self) -> BatchMode:
         if self._getitems is not None:
@@ -224,8 +228,6 @@ class Pipeline(BatchHandoff):
                 b.views = b.layout.numpy_views(b.bufs)
             # else host buffers are taken when the batch's first row is written
             # (SampleRows.buffers)
-        self.sizes.append(b.n)
-        self.submitted += 1
         with self.cond:
             self._tracked[b.k] = b
         if b.n == 0:
@@ -423,10 +425,7 @@ class Pipeline(BatchHandoff):
             self.waiting_since = 0.0
 
     def _load_now(self, k: int | None, timeout: float | None) -> Batch | None:
-        with self.cond:
-            call, self._call = self._call, None
-        if call is not None:  # see call_waiting
-            call()
+        self._run_call()
         self.tick()  # the chooser's windows, as a waiting consumer's loop reads them
         if self.taken:
             self.primed = True
@@ -436,8 +435,6 @@ class Pipeline(BatchHandoff):
         b = self._plan_next()
         if b is None:  # the plan's end, or a sampler's error (a ready batch)
             return super().wait(k, timeout)
-        self.sizes.append(b.n)
-        self.submitted += 1
         if b.n:
             done, cpu = rowtasks.load_rows(self, b, 0, b.n)
             with self.cond:
