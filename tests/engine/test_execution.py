@@ -260,6 +260,49 @@ def test_switches_into_and_out_of_inline_mid_pass_keep_collated_batches_identica
     assert torch.equal(g1.get_state(), g2.get_state())
 
 
+class CountedBy:
+    """Each sample: its index, the worker count of the process that loaded it (0 in
+    the loader's process) and that process's pid."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        return torch.tensor([i, info.num_workers if info is not None else 0, os.getpid()])
+
+
+def test_rows_move_between_worker_counts_mid_pass_each_sample_once():
+    """Rows switched mid-pass from two workers to four (a stage of their own, two
+    more processes), back to two (the same workers again) and to threads: every
+    sample once, in DataLoader's order; each stage's workers say their own count.
+    The next pass starts on threads: every worker is stopped."""
+    switches = {1: processes_n(2), 5: processes_n(4), 11: processes_n(2), 16: threads_n(2)}
+    got = []
+    with AsyncLoader(CountedBy(), batch_size=4, multiprocessing_context="fork") as al:
+        for k, batch in enumerate(al):
+            got.append(batch)
+            if k in switches:
+                al._chooser.request(switches[k])
+        rows = torch.cat(got)
+        assert rows[:, 0].tolist() == list(range(96))
+        counts = rows[:, 1].tolist()
+        assert {2, 4} <= set(counts), counts
+        assert counts.index(4) < len(counts) - 1 - counts[::-1].index(2)  # 2 again after 4
+        by_count = {n: {pid for c, pid in zip(counts, rows[:, 2].tolist()) if c == n}
+                    for n in (2, 4)}
+        assert len(by_count[2]) <= 2 and len(by_count[4]) <= 4
+        assert not by_count[2] & by_count[4]
+        workers = [p for s in (al._exec.stage, *al._exec._parked.values()) if s is not None
+                   for p in s._workers]
+        assert len(workers) == 6 and all(p.is_alive() for p in workers)
+        pids = [p.pid for p in workers]
+        assert al.stats().execution.candidate == threads_n(2)
+        assert len(list(al)) == 24
+        assert al._exec.stage is None and not al._exec._parked
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
 def test_state_taken_under_processes_resumes_under_threads():
     ds = TupleFixed(120)
     want = list(DataLoader(ds, batch_size=8, shuffle=True,
@@ -616,13 +659,17 @@ def test_rows_the_stage_cannot_take_mid_batch_run_in_threads(monkeypatch):
 
 def test_num_workers_sets_the_process_candidates_workers_and_stats_say_so():
     """DataLoader's ``num_workers`` is the process candidate's worker count (0: the
-    cores); ``stats().execution`` reports the count that ran."""
+    cores, with twice the cores as the rung above); ``stats().execution`` reports
+    the count that ran."""
     import os
     with AsyncLoader(TupleFixed(48), batch_size=8, num_workers=3) as al:
         assert al._chooser.space is not None
         assert al._chooser.space.process == processes_n(3)
+        assert al._chooser.space.more_processes is None  # the user's count: no rung above
     with AsyncLoader(TupleFixed(48), batch_size=8) as al:
-        assert al._chooser.space.process == processes_n(len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
+        assert al._chooser.space.process == processes_n(cores)
+        assert al._chooser.space.more_processes == processes_n(2 * cores)
     with AsyncLoader(TupleFixed(48), batch_size=8, num_workers=3,
                      execution="processes") as al:
         list(al)

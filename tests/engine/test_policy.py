@@ -840,6 +840,68 @@ def test_a_recheck_duels_the_neighbours_and_can_move_the_choice():
     assert ran[0] == threads(2)  # the incumbent is measured again first
 
 
+def shared(c: int, others: int):
+    """Pure Python on ``c`` cores beside ``others`` busy processes, each process a
+    fair share of the cores: the loader's threads (one GIL) run one core's share,
+    ``n`` workers ``n`` shares, at one core's rate of the rows each (IPC: 10%)."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.PROCESSES:
+            return 1000.0 * x.count * min(1.0, c / (x.count + others)) * 0.9
+        return 1000.0 * min(1.0, c / (1 + others)) - 30.0 * max(0, x.count - 1)
+    return rate
+
+
+def _with_more(sp: Space) -> Space:
+    assert sp.process is not None
+    return dataclasses.replace(sp, more_processes=processes(2 * sp.process.count))
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_processes_below_the_cores_rate_duel_twice_the_workers(cores):
+    """Beside busy processes the workers get a share of the cores, below the rows'
+    rate on every core (one core's rows per CPU second times the cores): twice the
+    workers are dueled and win by their larger share, as a DataLoader user's
+    ``num_workers`` above the cores does."""
+    sp = _with_more(space(cores))
+    rec, ran = run(sp, shared(cores, others=cores // 2), 0.02, core_rate=1000.0)
+    d = decide(rec, sp)
+    assert d.choice == processes(2 * cores) and d.reason is Reason.FASTER, d
+    assert (processes(cores), processes(2 * cores)) in [(x.cheap, x.dear) for x in d.duels]
+    assert d.more_processes_skipped is None
+    # without the rung (num_workers given: the user's count) the workers stay
+    rec2, ran2 = run(space(cores), shared(cores, others=cores // 2), 0.02, core_rate=1000.0)
+    assert decide(rec2, space(cores)).choice == processes(cores)
+    assert processes(2 * cores) not in ran2
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_processes_at_the_cores_rate_do_not_duel_more_workers(cores):
+    """Workers that run the rows at every core's rate (the thread windows' rows per
+    CPU second times the cores) leave twice the workers nothing to gain: no more
+    processes are forked to find out."""
+    sp = _with_more(space(cores))
+
+    def rate(x: Candidate) -> float:
+        return 1000.0 * x.count if x.mode is Mode.PROCESSES else 1000.0
+    rec, ran = run(sp, rate, 0.02, core_rate=1000.0)
+    d = decide(rec, sp)
+    assert d.choice == processes(cores), d
+    assert processes(2 * cores) not in ran
+    assert d.more_processes_skipped is Reason.NO_ROOM
+
+
+def test_a_recheck_of_twice_the_workers_duels_the_workers_below():
+    """A choice of twice the workers is re-checked against the rung below, which
+    wins once the other load is gone (the same rate, fewer processes)."""
+    sp = _with_more(space(2))
+    rec, _ = run(sp, shared(2, others=1), 0.02, core_rate=1000.0)
+    assert decide(rec, sp).choice == processes(4)
+    rec.recheck_at.append(len(rec.windows))  # the rate drifted: the others stopped
+    rec, ran = run(sp, shared(2, others=0), 0.02, core_rate=1000.0, record=rec)
+    d = decide(rec, sp)
+    assert processes(2) in ran and d.choice == processes(2), d
+
+
 def test_a_recheck_that_finds_nothing_better_keeps_the_choice():
     sp = space(16)
     rec, first = run(sp, gil_free(16))

@@ -34,6 +34,10 @@ def make_chooser(cfg: LoaderConfig, *, iterable: bool, use_fetch: bool) -> Choos
     # a timeout bounds the wait for rows loaded elsewhere: rows the consumer loads
     # itself cannot be timed out (as DataLoader's num_workers=0), so a loader given
     # one never chooses inline
+    # twice the workers, where their count is the loader's own: num_workers given is
+    # the user's count, as DataLoader's
+    more = processes(2 * workers) if with_processes and cfg.num_workers == 0 else None
     return Chooser(Space(ladder=ladder, start=start, cores=cores,
                          process=processes(workers) if with_processes else None,
-                         inline=execution == "auto" and not cfg.timeout))
+                         inline=execution == "auto" and not cfg.timeout,
+                         more_processes=more))

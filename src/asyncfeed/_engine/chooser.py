@@ -374,4 +374,5 @@ class Chooser:
                                inline_skipped=d.inline_skipped,
                                threads_skipped=d.threads_skipped,
                                processes_first=d.processes_first,
-                               processes_before_up=d.processes_before_up)
+                               processes_before_up=d.processes_before_up,
+                               more_processes_skipped=d.more_processes_skipped)

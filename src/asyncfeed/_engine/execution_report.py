@@ -39,7 +39,9 @@ class ExecutionReport:
     cores' rate), if they were not.  ``processes_first``: processes were dueled
     first, the start's threads having run the rows one at a time.
     ``processes_before_up``: processes were dueled before more threads than the
-    cores, one thread's rows having never waited.  ``str()`` is a
+    cores, one thread's rows having never waited.  ``more_processes_skipped``: why
+    twice the workers were not measured where processes won (``NO_ROOM``: the
+    rows already ran at the cores' rate), if they were not.  ``str()`` is a
     sentence."""
 
     mode: Mode
@@ -53,6 +55,7 @@ class ExecutionReport:
     threads_skipped: Reason | None = None
     processes_first: bool = False
     processes_before_up: bool = False
+    more_processes_skipped: Reason | None = None
 
     @property
     def candidate(self) -> Candidate:
@@ -99,6 +102,9 @@ class ExecutionReport:
         if self.threads_skipped is Reason.NO_ROOM:
             parts.append("more threads not tried: the rows already ran at every core's "
                          "rate")
+        if self.more_processes_skipped is Reason.NO_ROOM:
+            parts.append("more worker processes not tried: the rows already ran at "
+                         "every core's rate")
         if self.inline_skipped is Reason.NO_ROOM:
             parts.append("inline not tried: the choice runs the rows beyond one core's "
                          "rate of them")

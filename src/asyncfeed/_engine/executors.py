@@ -120,10 +120,11 @@ class ProcessRows:
         self.base_seed = base_seed
         self.quiet = quiet
 
-    def stage(self) -> ProcessStage | None:
-        """The started stage, started now if need be (consumer thread); None when it
-        cannot run now (see ``Execution.stage_for``)."""
-        return self.execution.stage_for(self.base_seed, self.quiet)
+    def stage(self, workers: int | None = None) -> ProcessStage | None:
+        """The started stage of ``workers`` workers (default: the loader's count),
+        started now if need be (consumer thread); None when it cannot run now (see
+        ``Execution.stage_for``)."""
+        return self.execution.stage_for(self.base_seed, self.quiet, workers)
 
     def submit(self, p: RowHost, b: Batch) -> bool:
         """Send every row of ``b`` to the pass's stage (``RowHost.stage``); False

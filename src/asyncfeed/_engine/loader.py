@@ -395,8 +395,9 @@ class AsyncLoader(Generic[T_co]):
             return stream_pipeline, progress
         plan, progress = self._start_plan(resume)
         chooser = self._chooser
-        if self._exec.stage is not None and chooser.current.mode is not Mode.PROCESSES:
-            self._exec.close()  # workers left idle by the last pass's choice
+        # workers left idle by the last pass's choice
+        self._exec.keep(chooser.current.count if chooser.current.mode is Mode.PROCESSES
+                        else None)
         base_seed = getattr(self._plan, "base_seed", None)
         if base_seed is None:
             base_seed = (self.seed or 0) + self._epoch

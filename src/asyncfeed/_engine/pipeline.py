@@ -322,12 +322,14 @@ class Pipeline(BatchHandoff):
         gate = self.gate
         if candidate.mode is Mode.PROCESSES:
             procs = self.executors.processes
-            stage = procs.stage() if procs is not None else None
+            stage = procs.stage(candidate.count) if procs is not None else None
             if stage is None:
                 if gate.limit == 0 and not self.inline:
                     gate.set_limit(self.runtime.num_threads)  # someone must run the rows
                 return False
             assert procs is not None  # a stage came from it
+            if self.stage is not None and self.stage is not stage:
+                self._leave_stage()  # another worker count: its queued rows move on
             self._use_stage(stage)
             self.executor = procs
             with self.cond:

@@ -75,6 +75,15 @@ The search, replayed from the record by :func:`decide` (a pure function):
    CPU, its pickling and its unpickling on the cores left (``Record.handoff``,
    measured on the pass's own rows before its first window); a choice within
    the margin of that bound skips the duel too.
+   Where processes won and the worker count is the loader's own (no
+   ``num_workers``), duel twice the workers against them (*4b*), unless their
+   rate is within the margin of the cores' rate of the rows (the rows per CPU
+   second of the search's thread windows times the cores left) or of the
+   hand-off's bound: below it the workers did not have every core -- other
+   processes share them, and more workers take a larger share, as a
+   ``DataLoader`` user gives more workers than cores; or the rows wait, and more
+   workers overlap the waits.  One rung only: each worker is a process, with its
+   memory.
 5. *inline*: duel inline (the consumer loads the rows itself) against
    whatever won -- unless it won at a rate beyond one core's rate of the rows
    (the most rows per CPU second of a thread window, plus the margin): inline
@@ -119,8 +128,8 @@ bound scales with it, the margin is measured.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
+from .decision import Decision, fixed
 from .duel import Duel, PolicyConfig, clear_lead, drifted, hopeless, judge, unsure
 from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
                        pooled_cores, processes, rows_and_cpu, threads)
@@ -128,53 +137,6 @@ from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, 
 __all__ = ["INLINE", "Candidate", "Decision", "Duel", "Handoff", "Mode", "PolicyConfig",
            "Reason", "Record", "Space", "Window", "decide", "drifted", "fixed", "judge",
            "processes", "threads"]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to run next.
-
-    ``run``: the candidate for the next window.  ``choice``: the best so far (the
-    incumbent).  ``settled``: no duel is open (``run == choice``).  ``reason``:
-    why ``choice`` stands.  ``duels``: the duels judged so far, in order.
-    ``margin``: the margin of the last duel; ``choice_rate``: the choice's mean
-    rate there.  ``processes_skipped``: why processes were not measured
-    (``NO_ROOM``: the bound of one thread's rate, or of the rows' rate per core
-    under the choice's threads; ``HANDOFF``: the bound of a
-    row's trip back from a worker; ``UNAVAILABLE``: they could not start), or None.
-    ``rival``: the candidate the open duel measures against the choice (one thread
-    while its rate alone is measured), None when settled.  ``inline_skipped``:
-    ``NO_ROOM`` where threads or processes won by more than one core's rate of the
-    rows, which is all inline can run; else None.  ``threads_skipped``: ``NO_ROOM`` where more
-    threads were not measured because the rows already ran at the cores' rate
-    (rows per CPU second of the choice's windows together, times the cores left
-    to them, less the margin); else None.  ``processes_first``: the start's threads
-    ran the rows one at a time, so processes were dueled first (the search's order).
-    ``processes_before_up``: one thread's rows never waited, so processes were
-    dueled before more threads than the cores (the search's order).
-    ``window_scale``: the next window lasts this many times the least window (its
-    length and completions): twice the last round's in each round of a duel."""
-
-    run: Candidate
-    choice: Candidate
-    settled: bool
-    reason: Reason
-    duels: tuple[Duel, ...] = ()
-    margin: float = 0.0
-    choice_rate: float | None = None
-    processes_skipped: Reason | None = None
-    rival: Candidate | None = None
-    inline_skipped: Reason | None = None
-    threads_skipped: Reason | None = None
-    processes_first: bool = False
-    processes_before_up: bool = False
-    window_scale: int = 1
-
-    def most_threads(self) -> int:
-        """The most threads the candidates of the open duel run (inline and processes
-        count one: the consumer, or the dispatch), or the choice's when settled."""
-        sides = (self.choice,) if self.rival is None else (self.choice, self.rival)
-        return max(c.count if c.mode is Mode.THREADS else 1 for c in sides)
 
 
 class _Replay:
@@ -192,6 +154,8 @@ class _Replay:
         self.margin = 0.0
         self.choice_rate: float | None = None   # the choice's mean rate in its last duel
         self.process = None if unavailable else space.process
+        self.more = None if unavailable else space.more_processes
+        self.more_skipped: Reason | None = None
         self.skipped: Reason | None = Reason.UNAVAILABLE \
             if unavailable and space.process is not None else None
         self.inline_skipped: Reason | None = None
@@ -331,7 +295,9 @@ class _Replay:
                 return None
             return INLINE
         p = self.process
-        if p is None or p in self.tried or self.choice == p:
+        if p is not None and self.choice == p:
+            return self._more_processes()
+        if p is None or p in self.tried:
             return None
         if self._reaches(self._handoff_bound()):
             self.skipped = Reason.HANDOFF
@@ -351,6 +317,24 @@ class _Replay:
                 self.skipped = Reason.NO_ROOM
                 return None
         return p
+
+    def _more_processes(self) -> Candidate | None:
+        """The rung above the processes that won, twice their workers, if worth a duel
+        (step 4b of the module docstring): not where the choice's rate is within the
+        margin of the cores' rate of the rows (the rows per CPU second of this
+        search's thread windows times the cores left) or of the hand-off's bound.
+        Below that rate, the workers did not have every core: other processes
+        share them (more workers take a larger share) or the rows wait (more
+        overlap the waits)."""
+        more = self.more
+        if more is None or more in self.tried or (self.single_step and self.moved):
+            return None
+        per_core = self._core_rate()
+        if (per_core and self._reaches(self._cores_left() * per_core)) \
+                or self._reaches(self._handoff_bound()):
+            self.more_skipped = Reason.NO_ROOM
+            return None
+        return more
 
     def _handoff_bound(self) -> float:
         """The most worker processes could deliver where they send rows back pickled
@@ -560,6 +544,7 @@ class _Replay:
         self.skipped = Reason.UNAVAILABLE if self.skipped is Reason.UNAVAILABLE else None
         self.inline_skipped = None
         self.threads_skipped = None
+        self.more_skipped = None
         self.fresh = []
         self.phases = ["down", "up", "processes", "inline"]
         self._advance()
@@ -586,9 +571,5 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     processes_first=r.processes_first,
                     # reordered, but skipped by a bound in their turn: not tried
                     processes_before_up=r.processes_before_up and r.skipped is None,
-                    window_scale=2 ** (r.round - 1) if r.rival is not None else 1)
-
-
-def fixed(candidate: Candidate, reason: Reason = Reason.FIXED) -> Decision:
-    """The decision for a candidate the user chose (or the only one there is)."""
-    return Decision(run=candidate, choice=candidate, settled=True, reason=reason)
+                    window_scale=2 ** (r.round - 1) if r.rival is not None else 1,
+                    more_processes_skipped=r.more_skipped)

@@ -114,13 +114,16 @@ class Window:
 @dataclass(frozen=True)
 class Space:
     """What may run: the thread ladder (cheapest first), whether inline may run, the
-    process candidate (None: not available), the cores, and where to start."""
+    process candidate (None: not available), the cores, and where to start.
+    ``more_processes``: the process rung above ``process`` (twice its workers), or
+    None where the worker count is the user's or processes are not available."""
 
     ladder: tuple[Candidate, ...]
     start: Candidate
     cores: int
     process: Candidate | None = None
     inline: bool = True
+    more_processes: Candidate | None = None
 
     @staticmethod
     def thread_ladder(cores: int, pool: int) -> tuple[Candidate, ...]:
@@ -136,14 +139,18 @@ class Space:
     def to_dict(self) -> dict[str, object]:
         return {"ladder": [c.count for c in self.ladder], "start": self.start.count,
                 "cores": self.cores, "inline": self.inline,
-                "process": self.process.count if self.process is not None else None}
+                "process": self.process.count if self.process is not None else None,
+                "more_processes": self.more_processes.count
+                if self.more_processes is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Space:
         return cls(ladder=tuple(threads(int(n)) for n in d["ladder"]),
                    start=threads(int(d["start"])), cores=int(d["cores"]),
                    process=processes(int(d["process"])) if d.get("process") else None,
-                   inline=bool(d.get("inline", True)))
+                   inline=bool(d.get("inline", True)),
+                   more_processes=processes(int(d["more_processes"]))
+                   if d.get("more_processes") else None)
 
     def rungs(self) -> tuple[Candidate, ...]:
         """Every candidate of the ladder, cheapest first (inline first, if allowed)."""

@@ -1,5 +1,5 @@
-"""A loader's process stage over its passes: started when the execution chooser
-runs the process candidate, kept while that candidate is chosen."""
+"""A loader's process stages over its passes: one started when the execution
+chooser runs a process candidate, kept while that candidate is chosen."""
 
 from __future__ import annotations
 
@@ -23,9 +23,15 @@ EXECUTIONS = ("auto", "inline", "threads", "processes")
 
 
 class Execution:
-    """A loader's process stage: started when the execution chooser runs the
+    """A loader's process stages: one started when the execution chooser runs a
     process candidate (or from the first batch with ``execution="processes"``),
     and kept for the loader's later passes while that candidate is chosen.
+
+    ``stage`` is the stage of the candidate run last.  A candidate of another worker
+    count (the chooser measures twice the workers against them) gets a stage of its
+    own: the one it leaves is kept, idle or finishing the rows it holds, until
+    :meth:`keep` names a candidate that is not its own (a pass's start, with the
+    choice the pass starts on) or ``close()``.
 
     Owned by the loader; ``close()`` is idempotent and also runs when the loader
     is garbage-collected or the interpreter exits.
@@ -44,23 +50,33 @@ class Execution:
         self.worker_init_fn = worker_init_fn
         self.capacity = capacity
         self.stage: ProcessStage | None = None
+        self._parked: dict[int, ProcessStage] = {}  # stages of other counts, by count
         self.failed: str | None = None
         self._retry_after = 0.0  # (monotonic) no start before: see ProcessStage.start
         self._lock = threading.Lock()
 
     def stage_for(self, base_seed: int,
-                  quiet: Callable[[float], ContextManager[bool]] | None = None
-                  ) -> ProcessStage | None:
-        """The started stage, started now if need be; None when it cannot run now
-        (it failed to start or stopped: ``failed`` says why; or the decode threads
-        did not go quiet for the fork: ``quiet``, see :meth:`ProcessStage.start`)."""
+                  quiet: Callable[[float], ContextManager[bool]] | None = None,
+                  workers: int | None = None) -> ProcessStage | None:
+        """The started stage of ``workers`` workers (default: the loader's count),
+        started now if need be; None when it cannot run now (it failed to start or
+        stopped: ``failed`` says why; or the decode threads did not go quiet for
+        the fork: ``quiet``, see :meth:`ProcessStage.start`).  A stage of another
+        count is parked (see the class docstring)."""
         if self.failed is not None:
             return None
+        workers = workers or self.workers
+        with self._lock:
+            if self.stage is not None and self.stage.num_workers != workers:
+                self._parked[self.stage.num_workers] = self.stage
+                self.stage = None
+            if self.stage is None:
+                self.stage = self._parked.pop(workers, None)
         if self.stage is None and time.monotonic() < self._retry_after:
             return None  # the threads did not go quiet a moment ago: not again yet
         with self._lock:
             if self.stage is None:
-                stage = ProcessStage(self.dataset, self.workers, self.context,
+                stage = ProcessStage(self.dataset, workers, self.context,
                                      self.worker_init_fn, base_seed, self.capacity)
                 try:
                     started = stage.start(quiet)
@@ -79,7 +95,7 @@ class Execution:
                               "the process stage starts later")
                     return None
                 self.stage = stage
-                log.debug("process stage started (%d workers)", self.workers)
+                log.debug("process stage started (%d workers)", workers)
         stage = self.stage
         if not stage.usable:
             if self.failed is None:
@@ -87,9 +103,18 @@ class Execution:
             return None
         return stage
 
-    def close(self) -> None:
-        """Stop the stage's workers (idempotent); a later ``stage_for`` starts anew."""
+    def keep(self, workers: int | None) -> None:
+        """Stop the workers of every stage but the one of ``workers`` workers (None:
+        every stage): a pass starts on a candidate that does not use them."""
         with self._lock:
-            stage, self.stage = self.stage, None
-        if stage is not None:
+            stages = [s for n, s in self._parked.items() if n != workers]
+            self._parked = {n: s for n, s in self._parked.items() if n == workers}
+            if self.stage is not None and self.stage.num_workers != workers:
+                stages.append(self.stage)
+                self.stage = self._parked.pop(workers, None) if workers else None
+        for stage in stages:
             stage.close()
+
+    def close(self) -> None:
+        """Stop every stage's workers (idempotent); a later ``stage_for`` starts anew."""
+        self.keep(None)
