@@ -303,6 +303,33 @@ def test_rows_move_between_worker_counts_mid_pass_each_sample_once():
         assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
+class Spins:
+    """Samples that spin the CPU for about ``ms`` milliseconds each."""
+
+    def __init__(self, n: int, ms: float) -> None:
+        self.n, self.ms = n, ms
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        end = time.process_time() + self.ms / 1e3
+        while time.process_time() < end:
+            pass
+        return torch.tensor([i])
+
+
+def test_the_pass_counts_the_cpu_its_workers_took_on_its_rows():
+    """What the execution chooser reads of worker processes: the CPU they took on the
+    pass's rows, reported with each task (at least the time the rows spun)."""
+    with AsyncLoader(Spins(40, 2.0), batch_size=8, execution="processes",
+                     num_workers=2) as al:
+        it = iter(al)
+        rows = torch.cat(list(it))
+        assert rows.flatten().tolist() == list(range(40))
+        assert it._p.workers_cpu() >= 40 * 2.0e-3
+
+
 def test_state_taken_under_processes_resumes_under_threads():
     ds = TupleFixed(120)
     want = list(DataLoader(ds, batch_size=8, shuffle=True,

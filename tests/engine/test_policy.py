@@ -34,7 +34,8 @@ def space(cores: int, pool: int | None = None, workers: int | None = None,
 def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         record: Record | None = None,
         core_rate: float | Callable[[Candidate], float] = 0.0, other_cores: float = 0.0,
-        cpu_skew: float = 0.0) -> tuple[Record, list[Candidate]]:
+        cpu_skew: float = 0.0, worker_cores: Callable[[Candidate], float] | None = None
+        ) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
     for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
     ``core_rate`` (rows/s, or a function of the candidate), thread and inline
@@ -42,7 +43,8 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
     ``other_cores`` too, the whole process took
     that many cores more (the consumer's own work).  ``cpu_skew``: a thread candidate's
     windows read their rows' CPU that much high, then low, in turn (some windows
-    draw the dearer samples)."""
+    draw the dearer samples).  ``worker_cores``: the cores a process candidate's
+    workers keep busy (their windows read that CPU per second)."""
     rnd = random.Random(seed)
     rec = record if record is not None else Record()
     ran = []
@@ -62,7 +64,8 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         nth = sum(w.candidate == c for w in rec.windows)
         cpu *= 1 + (-cpu_skew if nth % 2 else cpu_skew)
         pcpu = cpu + other_cores * 0.1 if cpu and other_cores else 0.0
-        rec.windows.append(Window(c, rows, 0.1, waited, cpu, pcpu))
+        wcpu = worker_cores(c) * 0.1 if worker_cores and c.mode is Mode.PROCESSES else 0.0
+        rec.windows.append(Window(c, rows, 0.1, waited, cpu, pcpu, wcpu))
     raise AssertionError(f"not settled after {limit} windows: {ran[-12:]}")
 
 
@@ -760,6 +763,23 @@ def test_the_chooser_reads_the_whole_process_cpu_into_its_windows():
     assert ch.current == threads(2) and ch.report().processes_skipped is Reason.NO_ROOM
 
 
+def test_the_chooser_reads_the_workers_cpu_into_process_windows():
+    """Process windows carry the CPU their workers took: workers that had half the
+    cores read so, and twice the workers are measured."""
+    clock = [0.0]
+    ch = Chooser(_with_more(space(2)), clock=lambda: clock[0])
+    ctl = _Control(shared(2, 1), clock)
+    ctl.core_rate, ctl.other_cores = 1000.0, 0.05
+    ctl.worker_cores = lambda c: _share(2, 1, c.count)
+    ch.begin_pass(ctl)
+    _ticks(ch, ctl, 600)
+    procs = [w for w in ch.record.windows if w.candidate == processes(2)]
+    assert procs and all(w.workers_cpu / w.seconds == pytest.approx(_share(2, 1, 2), rel=0.05)
+                         for w in procs)
+    assert processes(4) in [w.candidate for w in ch.record.windows]
+    assert ch.current == processes(4), ch.report()
+
+
 def test_inline_is_dueled_where_the_cpu_is_not_known_or_processes_are_close():
     # no CPU readings: nothing bounds inline
     rec, ran = run(space(2), gil_bound(2), 0.02)
@@ -840,13 +860,19 @@ def test_a_recheck_duels_the_neighbours_and_can_move_the_choice():
     assert ran[0] == threads(2)  # the incumbent is measured again first
 
 
+def _share(c: int, others: int, n: int) -> float:
+    """The cores ``n`` worker processes get beside ``others`` busy processes on ``c``
+    cores, each process a fair share."""
+    return n * min(1.0, c / (n + others))
+
+
 def shared(c: int, others: int):
-    """Pure Python on ``c`` cores beside ``others`` busy processes, each process a
-    fair share of the cores: the loader's threads (one GIL) run one core's share,
-    ``n`` workers ``n`` shares, at one core's rate of the rows each (IPC: 10%)."""
+    """Pure Python on ``c`` cores beside ``others`` busy processes: the loader's
+    threads (one GIL) run one core's share, ``n`` workers ``n`` shares, at one core's
+    rate of the rows each (IPC: 10%)."""
     def rate(x: Candidate) -> float:
         if x.mode is Mode.PROCESSES:
-            return 1000.0 * x.count * min(1.0, c / (x.count + others)) * 0.9
+            return 1000.0 * _share(c, others, x.count) * 0.9
         return 1000.0 * min(1.0, c / (1 + others)) - 30.0 * max(0, x.count - 1)
     return rate
 
@@ -857,33 +883,49 @@ def _with_more(sp: Space) -> Space:
 
 
 @pytest.mark.parametrize("cores", [2, 16])
-def test_processes_below_the_cores_rate_duel_twice_the_workers(cores):
-    """Beside busy processes the workers get a share of the cores, below the rows'
-    rate on every core (one core's rows per CPU second times the cores): twice the
-    workers are dueled and win by their larger share, as a DataLoader user's
-    ``num_workers`` above the cores does."""
+def test_workers_that_do_not_get_their_cores_duel_twice_the_workers(cores):
+    """Beside busy processes the workers get a share of the cores (their CPU per
+    second below their count): twice the workers are dueled and win by their larger
+    share, as a DataLoader user's ``num_workers`` above the cores does."""
     sp = _with_more(space(cores))
-    rec, ran = run(sp, shared(cores, others=cores // 2), 0.02, core_rate=1000.0)
+    others = cores // 2
+    rec, ran = run(sp, shared(cores, others), 0.02, core_rate=1000.0,
+                   worker_cores=lambda x: _share(cores, others, x.count))
     d = decide(rec, sp)
     assert d.choice == processes(2 * cores) and d.reason is Reason.FASTER, d
     assert (processes(cores), processes(2 * cores)) in [(x.cheap, x.dear) for x in d.duels]
     assert d.more_processes_skipped is None
     # without the rung (num_workers given: the user's count) the workers stay
-    rec2, ran2 = run(space(cores), shared(cores, others=cores // 2), 0.02, core_rate=1000.0)
+    rec2, ran2 = run(space(cores), shared(cores, others), 0.02, core_rate=1000.0,
+                     worker_cores=lambda x: _share(cores, others, x.count))
     assert decide(rec2, space(cores)).choice == processes(cores)
     assert processes(2 * cores) not in ran2
 
 
-@pytest.mark.parametrize("cores", [2, 16, 96])
-def test_processes_at_the_cores_rate_do_not_duel_more_workers(cores):
-    """Workers that run the rows at every core's rate (the thread windows' rows per
-    CPU second times the cores) leave twice the workers nothing to gain: no more
-    processes are forked to find out."""
-    sp = _with_more(space(cores))
+def test_workers_that_lost_without_their_cores_still_duel_twice_the_workers():
+    """Workers that read level with the threads, having had half the cores, lose
+    their duel (the cheaper stays); twice the workers are measured against the
+    threads all the same, and win."""
+    sp = _with_more(space(2))
 
     def rate(x: Candidate) -> float:
-        return 1000.0 * x.count if x.mode is Mode.PROCESSES else 1000.0
-    rec, ran = run(sp, rate, 0.02, core_rate=1000.0)
+        if x.mode is Mode.PROCESSES:
+            return 1000.0 * x.count / 2 * 0.9 + 100.0
+        return 1000.0 - 30.0 * max(0, x.count - 1)
+    rec, ran = run(sp, rate, 0.02, core_rate=1000.0, worker_cores=lambda x: x.count / 2)
+    d = decide(rec, sp)
+    first = next(x for x in d.duels if x.dear == processes(2))
+    assert first.winner != processes(2), d
+    assert d.choice == processes(4), d
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_workers_that_keep_their_cores_busy_leave_no_room_for_more(cores):
+    """Workers that kept busy every core they could have (their CPU per second at
+    their count): twice the workers have nothing to gain, and are not forked."""
+    sp = _with_more(space(cores))
+    rec, ran = run(sp, gil_bound(cores), 0.02, core_rate=1000.0,
+                   worker_cores=lambda x: float(x.count))
     d = decide(rec, sp)
     assert d.choice == processes(cores), d
     assert processes(2 * cores) not in ran
@@ -894,10 +936,12 @@ def test_a_recheck_of_twice_the_workers_duels_the_workers_below():
     """A choice of twice the workers is re-checked against the rung below, which
     wins once the other load is gone (the same rate, fewer processes)."""
     sp = _with_more(space(2))
-    rec, _ = run(sp, shared(2, others=1), 0.02, core_rate=1000.0)
+    rec, _ = run(sp, shared(2, others=1), 0.02, core_rate=1000.0,
+                 worker_cores=lambda x: _share(2, 1, x.count))
     assert decide(rec, sp).choice == processes(4)
     rec.recheck_at.append(len(rec.windows))  # the rate drifted: the others stopped
-    rec, ran = run(sp, shared(2, others=0), 0.02, core_rate=1000.0, record=rec)
+    rec, ran = run(sp, shared(2, others=0), 0.02, core_rate=1000.0, record=rec,
+                   worker_cores=lambda x: _share(2, 0, x.count))
     d = decide(rec, sp)
     assert processes(2) in ran and d.choice == processes(2), d
 
@@ -927,6 +971,8 @@ class _Control:
         self.other_cores = 0.0  # cores the process keeps busy besides the rows
         self.tasks_running = 0  # what running() answers
         self.travel: Handoff | None = None  # what handoff() answers
+        self.worker_cores: Callable[[Candidate], float] | None = None  # workers' cores busy
+        self.wcpu = 0.0
 
     def waited(self) -> float:
         return self.clock[0]  # the consumer only waits: the loader is the bottleneck
@@ -949,6 +995,9 @@ class _Control:
     def process_cpu(self) -> float:
         return self.pcpu
 
+    def workers_cpu(self) -> float:
+        return self.wcpu
+
     def apply(self, c: Candidate) -> bool:
         self.runs = c
         self.applied.append(c)
@@ -967,6 +1016,8 @@ class _Control:
                 self.cpu += n / self.core_rate
                 self.pcpu += n / self.core_rate
             self.pcpu += self.other_cores * seconds / chunks
+            if self.worker_cores is not None and self.runs.mode is Mode.PROCESSES:
+                self.wcpu += self.worker_cores(self.runs) * seconds / chunks
             self.events += 1
             self.last = self.clock[0]
 

@@ -69,6 +69,10 @@ class ExecutionControl(Protocol):
         work, the loader's, the rows'), on any monotonic origin."""
         ...
 
+    def workers_cpu(self) -> float:
+        """CPU seconds worker processes took on the rows they sent back so far."""
+        ...
+
     def running(self) -> int:
         """How many of the pass's tasks its decode threads run now (0 with none)."""
         ...
@@ -102,12 +106,13 @@ class _Mark(NamedTuple):
     waited: float = 0.0
     cpu: float = 0.0
     process_cpu: float = 0.0
+    workers_cpu: float = 0.0
 
     @classmethod
     def now(cls, control: ExecutionControl, rows: int, events: int, last: float) -> _Mark:
         """The counters of ``control``'s pass at its completion ``last``."""
         return cls(last, rows, events, control.waited(), control.rows_cpu(),
-                   control.process_cpu())
+                   control.process_cpu(), control.workers_cpu())
 
     def plus(self, start: _Mark, end: _Mark) -> _Mark:
         """These counters with what a pass added from ``start`` to ``end``."""
@@ -274,7 +279,7 @@ class Chooser:
         self._carried = _Mark()
         window = Window(self.current, total.rows, elapsed,
                         min(elapsed, max(0.0, total.waited)), max(0.0, total.cpu),
-                        max(0.0, total.process_cpu))
+                        max(0.0, total.process_cpu), max(0.0, total.workers_cpu))
         if self._warmup > 0:
             self._warmup -= 1
         elif not self.decision.settled:

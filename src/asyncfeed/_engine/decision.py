@@ -35,9 +35,9 @@ class Decision:
     dueled before more threads than the cores (the search's order).
     ``window_scale``: the next window lasts this many times the least window (its
     length and completions): twice the last round's in each round of a duel.
-    ``more_processes_skipped``: ``NO_ROOM`` where processes won but twice their
-    workers were not measured because the rows already ran at the cores' rate;
-    else None."""
+    ``more_processes_skipped``: ``NO_ROOM`` where processes were measured but
+    twice their workers were not, their workers having kept busy every core they
+    could have; else None."""
 
     run: Candidate
     choice: Candidate

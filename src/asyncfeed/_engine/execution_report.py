@@ -40,8 +40,8 @@ class ExecutionReport:
     first, the start's threads having run the rows one at a time.
     ``processes_before_up``: processes were dueled before more threads than the
     cores, one thread's rows having never waited.  ``more_processes_skipped``: why
-    twice the workers were not measured where processes won (``NO_ROOM``: the
-    rows already ran at the cores' rate), if they were not.  ``str()`` is a
+    twice the workers were not measured where processes were (``NO_ROOM``: their
+    workers kept busy every core they could have), if they were not.  ``str()`` is a
     sentence."""
 
     mode: Mode
@@ -103,8 +103,8 @@ class ExecutionReport:
             parts.append("more threads not tried: the rows already ran at every core's "
                          "rate")
         if self.more_processes_skipped is Reason.NO_ROOM:
-            parts.append("more worker processes not tried: the rows already ran at "
-                         "every core's rate")
+            parts.append("more worker processes not tried: the workers kept every "
+                         "core they could have busy")
         if self.inline_skipped is Reason.NO_ROOM:
             parts.append("inline not tried: the choice runs the rows beyond one core's "
                          "rate of them")

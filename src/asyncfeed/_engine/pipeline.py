@@ -108,6 +108,7 @@ class Pipeline(BatchHandoff):
         # batch completions where a batch's reads go out together on the event loop
         self.completions = Completions(per_batch=caps.use_fetch)
         self.rows_cpu_s = 0.0       # CPU the rows took in this process's threads (cond)
+        self.workers_cpu_s = 0.0    # CPU they took in worker processes (the results thread)
         # the first rows of a collated batch, for what rows cost to travel back from
         # worker processes (handoff); () once taken, or where the chooser has it
         self._probe: list[Any] | tuple[()] | None = \
@@ -280,6 +281,11 @@ class Pipeline(BatchHandoff):
         """CPU seconds the pass's rows took in this process's threads, the consumer's
         included, so far (see ``chooser.ExecutionControl``)."""
         return self.rows_cpu_s
+
+    def workers_cpu(self) -> float:
+        """CPU seconds worker processes took on the pass's rows so far (see
+        ``chooser.ExecutionControl``)."""
+        return self.workers_cpu_s
 
     def process_cpu(self) -> float:
         """CPU seconds this process has taken, every thread (see

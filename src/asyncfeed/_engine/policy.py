@@ -75,15 +75,16 @@ The search, replayed from the record by :func:`decide` (a pure function):
    CPU, its pickling and its unpickling on the cores left (``Record.handoff``,
    measured on the pass's own rows before its first window); a choice within
    the margin of that bound skips the duel too.
-   Where processes won and the worker count is the loader's own (no
-   ``num_workers``), duel twice the workers against them (*4b*), unless their
-   rate is within the margin of the cores' rate of the rows (the rows per CPU
-   second of the search's thread windows times the cores left) or of the
-   hand-off's bound: below it the workers did not have every core -- other
-   processes share them, and more workers take a larger share, as a
-   ``DataLoader`` user gives more workers than cores; or the rows wait, and more
-   workers overlap the waits.  One rung only: each worker is a process, with its
-   memory.
+   Where the worker count is the loader's own (no ``num_workers``), once the
+   processes were measured (won or lost), duel twice the workers against the
+   choice (*4b*), unless the choice's rate is within the margin of what they
+   could deliver: the rows per CPU second the workers read (their CPU comes
+   back with each task) times the cores, less what this process took meanwhile
+   -- or of the hand-off's bound.  Workers below that did not get the cores --
+   other processes share them, and more workers take a larger share, as a
+   ``DataLoader`` user gives more workers than cores -- or waited, and more
+   workers overlap the waits.  One rung only: each worker is a process, with
+   its memory.
 5. *inline*: duel inline (the consumer loads the rows itself) against
    whatever won -- unless it won at a rate beyond one core's rate of the rows
    (the most rows per CPU second of a thread window, plus the margin): inline
@@ -295,9 +296,9 @@ class _Replay:
                 return None
             return INLINE
         p = self.process
-        if p is not None and self.choice == p:
-            return self._more_processes()
-        if p is None or p in self.tried:
+        if p is not None and (p in self.tried or self.choice == p):
+            return self._more_processes(p)
+        if p is None:
             return None
         if self._reaches(self._handoff_bound()):
             self.skipped = Reason.HANDOFF
@@ -318,20 +319,26 @@ class _Replay:
                 return None
         return p
 
-    def _more_processes(self) -> Candidate | None:
-        """The rung above the processes that won, twice their workers, if worth a duel
-        (step 4b of the module docstring): not where the choice's rate is within the
-        margin of the cores' rate of the rows (the rows per CPU second of this
-        search's thread windows times the cores left) or of the hand-off's bound.
-        Below that rate, the workers did not have every core: other processes
-        share them (more workers take a larger share) or the rows wait (more
-        overlap the waits)."""
+    def _more_processes(self, p: Candidate) -> Candidate | None:
+        """Twice the workers of ``p``, measured (won or lost), if worth a duel against
+        the choice (step 4b of the module docstring): not where the choice is within
+        the margin of what they could deliver, the rows per CPU second ``p``'s
+        workers read times the cores (less what this process took meanwhile), nor
+        of the hand-off's bound.  Workers that read below that did not get the
+        cores (other processes share them: more workers take a larger share) or
+        waited (more overlap the waits)."""
         more = self.more
-        if more is None or more in self.tried or (self.single_step and self.moved):
+        if more is None or more in self.tried or more == self.choice \
+                or (self.single_step and self.moved):
             return None
-        per_core = self._core_rate()
-        if (per_core and self._reaches(self._cores_left() * per_core)) \
-                or self._reaches(self._handoff_bound()):
+        ws = [w for w in self.fresh if w.candidate == p and w.workers_cpu > 0] \
+            or [w for w in self.seen if w.candidate == p and w.workers_cpu > 0]
+        if not ws:
+            return None
+        per_core = sum(w.rows for w in ws) / sum(w.workers_cpu for w in ws)
+        own = statistics.median(w.process_cpu / w.seconds for w in ws)
+        cores = max(1.0, min(float(more.count), self.space.cores - own))
+        if self._reaches(per_core * cores) or self._reaches(self._handoff_bound()):
             self.more_skipped = Reason.NO_ROOM
             return None
         return more

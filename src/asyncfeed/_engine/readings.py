@@ -75,7 +75,8 @@ class Window:
     while the consumer waited ``waited`` of those seconds for batches, and the rows
     took ``cpu`` seconds of this process's threads (0: not known, or rows that ran
     in worker processes); ``process_cpu``: the CPU seconds this whole process took
-    meanwhile, every thread (0: not known)."""
+    meanwhile, every thread (0: not known); ``workers_cpu``: the CPU seconds worker
+    processes took on the window's rows (0: not known, or none ran there)."""
 
     candidate: Candidate
     rows: int
@@ -83,6 +84,7 @@ class Window:
     waited: float = 0.0
     cpu: float = 0.0
     process_cpu: float = 0.0
+    workers_cpu: float = 0.0
 
     @property
     def core_rate(self) -> float:
@@ -187,7 +189,8 @@ class Record:
     def to_dict(self) -> dict[str, object]:
         """Plain data (JSON): for traces replayed in tests and bench reports."""
         return {"windows": [[w.candidate.mode.value, w.candidate.count, w.rows, w.seconds,
-                             w.waited, w.cpu, w.process_cpu] for w in self.windows],
+                             w.waited, w.cpu, w.process_cpu, w.workers_cpu]
+                            for w in self.windows],
                 "recheck_at": list(self.recheck_at), "failed_starts": self.failed_starts,
                 "handoff": None if self.handoff is None
                 else [self.handoff.pickle_s, self.handoff.unpickle_s]}
@@ -197,7 +200,8 @@ class Record:
         return cls([Window(Candidate(Mode(w[0]), int(w[1])), int(w[2]), float(w[3]),
                            float(w[4]) if len(w) > 4 else 0.0,
                            float(w[5]) if len(w) > 5 else 0.0,
-                           float(w[6]) if len(w) > 6 else 0.0) for w in d["windows"]],
+                           float(w[6]) if len(w) > 6 else 0.0,
+                           float(w[7]) if len(w) > 7 else 0.0) for w in d["windows"]],
                    [int(i) for i in d.get("recheck_at", [])], int(d.get("failed_starts", 0)),
                    None if d.get("handoff") is None
                    else Handoff(float(d["handoff"][0]), float(d["handoff"][1])))

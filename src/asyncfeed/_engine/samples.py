@@ -224,6 +224,7 @@ class RowHost(Protocol):
     row_cost: RowCost
     runtime: Runtime
     stage: Any          # the process stage rows go to now (None: this process)
+    workers_cpu_s: float  # CPU seconds worker processes took on the pass's rows
 
     def rows_done(self, b: Batch, lo: int, hi: int, cpu: float = 0.0) -> None:
         """Rows ``lo..hi`` of ``b`` are done (loaded or failed); the last completes ``b``."""

@@ -379,9 +379,9 @@ class ProcessStage:
                     log.exception("asyncfeed: applying a worker's results failed")
                 del msg
 
-    def _handle(self, msg: tuple[int, int, Any, float]) -> None:
+    def _handle(self, msg: tuple[int, int, Any, tuple[float, float]]) -> None:
         """Apply one task's results (the results thread)."""
-        tid, wid, out, took = msg
+        tid, wid, out, (took, cpu) = msg
         if tid == -1:  # worker_init_fn failed: the worker has returned
             self._fail_worker(wid, unwrap(out))
             return
@@ -395,6 +395,7 @@ class ProcessStage:
         if hi > lo:
             c = took / (hi - lo)
             self.row_s = c if self.row_s is None else 0.7 * self.row_s + 0.3 * c
+        p.workers_cpu_s += cpu  # (only this thread writes it)
         # stage accounting: a task's rows, from sending to results (decode in a worker)
         p.acct.add_wall(DECODE, time.perf_counter() - sent, hi - lo)
         apply_results(p, b, lo, hi, out)

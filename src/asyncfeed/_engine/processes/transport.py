@@ -133,9 +133,10 @@ def rebuild(payload: tuple[bytes | None, str, list[str]]) -> BaseException:
 
 
 def dump_task(task_id: int, worker_id: int, out: list[tuple[int, str, Any]],
-               took: float) -> memoryview:
-    """A task's results pickled (:func:`dumps_results`); a sample that cannot be
-    pickled fails its row (an :class:`AsyncFeedError` naming why), not the worker."""
+               took: tuple[float, float]) -> memoryview:
+    """A task's results and what it took (wall and CPU seconds in the worker),
+    pickled (:func:`dumps_results`); a sample that cannot be pickled fails its row
+    (an :class:`AsyncFeedError` naming why), not the worker."""
     try:
         return dumps_results((task_id, worker_id, out, took))
     except Exception:  # noqa: BLE001 - find the rows that cannot go

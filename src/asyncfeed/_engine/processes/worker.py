@@ -211,11 +211,14 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
         except BaseException:  # noqa: BLE001 - reported as the first task's failure
             results.send_bytes(dumps_results((-1, worker_id, ExceptionWrapper(
                 sys.exc_info(), where=f"in worker_init_fn of worker process {worker_id}"),
-                0.0)))
+                (0.0, 0.0))))
             return
     mapped: dict[str, _Rows] = {}
     parent = os.getppid()
     inbox = _Tasks(tasks)
+    # a task's CPU is the worker's since the last task's: its results' pickling and
+    # sending, the next task's receiving, its rows (what a worker took in all)
+    spent = time.process_time()
     while True:
         got, task = inbox.next(PARENT_CHECK_S)
         if not got:
@@ -235,7 +238,9 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
         out = _run_rows(dataset, rows, indices, target, inbox)
         if inbox.stopped:
             break
-        results.send_bytes(dump_task(task_id, worker_id, out, time.perf_counter() - t0))
+        took, now = time.perf_counter() - t0, time.process_time()
+        results.send_bytes(dump_task(task_id, worker_id, out, (took, now - spent)))
+        spent = now
         del out
     for r in mapped.values():
         r.close()
