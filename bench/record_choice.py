@@ -2,8 +2,9 @@
 
 Each data set runs in a fresh process with a default ``AsyncLoader`` for up to
 ``--epochs`` epochs (stopping once the choice settled); the chooser's record
-(every window: candidate, rows, seconds, the consumer's wait, the rows' CPU; the cost
-of a row's trip back from a worker process), its space and its choice are written
+(every window: candidate, rows, seconds, the consumer's wait, the rows' CPU in this
+process and in the workers; the cost of a row's trip back from a worker process),
+its space and its choice are written
 as JSON, one file per data set and run, to ``--out``.  The decision tests
 (``tests/engine/test_policy_traces.py``) replay these files through
 ``policy.decide``: the same readings always give the same decision, so a rule

@@ -5,10 +5,11 @@ written as users write them, a fresh process, a default ``AsyncLoader`` on this
 project's 2-core machine, alone or beside a busy-looping process started for
 the run (``neighbour``; ``load1`` says how busy the machine was, other work
 included), until its choice settled.  The file holds the chooser's record (every window:
-candidate, rows, seconds, the consumer's wait, the rows' CPU; the cost of a row's trip
-back from a worker process, in traces recorded since it is read), its space, the choice the live
-run made, and ``expect``: what the readings show, checked by hand when the
-trace was recorded.
+candidate, rows, seconds, the consumer's wait, the rows' CPU in this process, and in the
+workers in traces recorded since it is read; the cost of a row's trip back from a worker
+process, in traces recorded since it is read), its space, the choice the live run made,
+and ``expect``: what the readings show, checked by hand when the trace was recorded
+(the execution, and its count where it says one).
 
 Replaying a record through ``policy.decide`` must give the live run's choice
 (the driver applied every decision as ``decide`` made it), and that choice
@@ -77,6 +78,8 @@ def test_a_recorded_run_replays_to_its_own_choice(path):
     assert [got.choice.mode.value, got.choice.count] == d["choice"], got
     exp = d["expect"]
     assert got.choice.mode.value in exp["modes"], (got, exp)
+    if "count" in exp:
+        assert got.choice.count == exp["count"], (got, exp)
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
@@ -96,12 +99,31 @@ def test_no_window_of_a_recorded_run_is_lost_or_foreign(path):
     prefix, for the candidate the next window ran (where the live run did not
     switch for another reason: a start that failed, a request)."""
     d, rec, sp = _load(path)
-    allowed = set(sp.rungs()) | ({sp.process} if sp.process else set())
+    allowed = set(sp.rungs()) | {c for c in (sp.process, sp.more_processes) if c is not None}
     assert {w.candidate for w in rec.windows} <= allowed
     if rec.failed_starts == 0:
         for k in range(len(rec.windows)):
             prefix = Record(rec.windows[:k], rec.recheck_at, handoff=rec.handoff)
             assert decide(prefix, sp).run == rec.windows[k].candidate, k
+
+
+def test_twice_the_workers_are_forked_beside_busy_processes_not_on_a_quiet_machine():
+    """Recorded with the process rung above: beside a busy loop, runs whose workers
+    had part of their cores measured twice the workers, which won; quiet runs
+    whose workers kept their cores busy did not fork them."""
+    crowded = quiet = 0
+    for path in TRACES:
+        d, rec, sp = _load(path)
+        if sp.more_processes is None:
+            continue
+        got = decide(rec, sp)
+        ran = {w.candidate for w in rec.windows}
+        if d["neighbour"]:
+            crowded += got.choice == sp.more_processes
+        elif got.choice == sp.process:
+            assert sp.more_processes not in ran and got.more_processes_skipped is not None, path
+            quiet += 1
+    assert crowded >= 2 and quiet >= 3, (crowded, quiet)
 
 
 def test_a_duel_is_symmetric_in_its_arguments():

@@ -77,10 +77,11 @@ The search, replayed from the record by :func:`decide` (a pure function):
    the margin of that bound skips the duel too.
    Where the worker count is the loader's own (no ``num_workers``), once the
    processes were measured (won or lost), duel twice the workers against the
-   choice (*4b*), unless the choice's rate is within the margin of what they
-   could deliver: the rows per CPU second the workers read (their CPU comes
+   choice (*4b*), unless the choice's rate is within twice the margin of what
+   they could deliver: the rows per CPU second the workers read (their CPU comes
    back with each task) times the cores, less what this process took meanwhile
-   -- or of the hand-off's bound.  Workers below that did not get the cores --
+   (a bound read from the same few windows: within one margin of it is noise) --
+   or within the margin of the hand-off's bound.  Workers below that did not get the cores --
    other processes share them, and more workers take a larger share, as a
    ``DataLoader`` user gives more workers than cores -- or waited, and more
    workers overlap the waits.  One rung only: each worker is a process, with
@@ -322,11 +323,14 @@ class _Replay:
     def _more_processes(self, p: Candidate) -> Candidate | None:
         """Twice the workers of ``p``, measured (won or lost), if worth a duel against
         the choice (step 4b of the module docstring): not where the choice is within
-        the margin of what they could deliver, the rows per CPU second ``p``'s
+        twice the margin of what they could deliver, the rows per CPU second ``p``'s
         workers read times the cores (less what this process took meanwhile), nor
-        of the hand-off's bound.  Workers that read below that did not get the
-        cores (other processes share them: more workers take a larger share) or
-        waited (more overlap the waits)."""
+        within the margin of the hand-off's bound.  Workers that read below that
+        did not get the cores (other processes share them: more workers take a
+        larger share) or waited (more overlap the waits).  Twice the margin: the
+        bound is read from the same few windows, the workers' CPU reported a task
+        at a time, and twice the workers must then beat the choice by the margin
+        again; a fork of twice the workers is not spent on less."""
         more = self.more
         if more is None or more in self.tried or more == self.choice \
                 or (self.single_step and self.moved):
@@ -338,7 +342,8 @@ class _Replay:
         per_core = sum(w.rows for w in ws) / sum(w.workers_cpu for w in ws)
         own = statistics.median(w.process_cpu / w.seconds for w in ws)
         cores = max(1.0, min(float(more.count), self.space.cores - own))
-        if self._reaches(per_core * cores) or self._reaches(self._handoff_bound()):
+        if (self.choice_rate or 0.0) * (1 + 2 * self._margin()) >= per_core * cores \
+                or self._reaches(self._handoff_bound()):
             self.more_skipped = Reason.NO_ROOM
             return None
         return more
