@@ -63,7 +63,8 @@ class AsyncLoader(Generic[T_co]):
     ``pin_memory_device`` are accepted and ignored (``prefetch`` bounds what is
     loaded ahead), as is StatefulDataLoader's ``snapshot_every_n_steps``: every
     state here is exact, whenever it is taken.  ``num_workers`` (default: the
-    cores), ``worker_init_fn`` and ``multiprocessing_context`` apply to the
+    cores, and twice the cores measured where other processes keep the workers
+    from their cores), ``worker_init_fn`` and ``multiprocessing_context`` apply to the
     worker processes, when they run: how many, how they start and are set up,
     as in DataLoader.  As in DataLoader, ``batch_size``, ``dataset``,
     ``sampler``, ``batch_sampler`` and ``drop_last`` cannot be assigned after
