@@ -330,6 +330,31 @@ def test_the_pass_counts_the_cpu_its_workers_took_on_its_rows():
         assert it._p.workers_cpu() >= 40 * 2.0e-3
 
 
+def test_twice_the_workers_that_cannot_start_leave_the_running_workers_usable(monkeypatch):
+    """A stage of another count that fails to start (here: four workers) is out by
+    itself; the two workers already running stay usable, and processes do not
+    count as failed."""
+    from asyncfeed._engine.processes.execution import Execution
+    from asyncfeed._engine.processes.stage import ProcessStage
+    start = ProcessStage.start
+
+    def refuse_four(self, quiet=None):
+        if self.num_workers == 4:
+            raise OSError("no memory for four more")
+        return start(self, quiet)
+    monkeypatch.setattr(ProcessStage, "start", refuse_four)
+    ex = Execution("auto", TupleFixed(16), 2, "fork", None, 1 << 20)
+    try:
+        two = ex.stage_for(0, None, 2)
+        assert two is not None and two.usable
+        assert ex.stage_for(0, None, 4) is None
+        assert ex.failed is None
+        assert ex.stage_for(0, None, 2) is two and two.usable
+    finally:
+        ex.close()
+    assert not two.usable
+
+
 def test_state_taken_under_processes_resumes_under_threads():
     ds = TupleFixed(120)
     want = list(DataLoader(ds, batch_size=8, shuffle=True,

@@ -780,6 +780,25 @@ def test_the_chooser_reads_the_workers_cpu_into_process_windows():
     assert ch.current == processes(4), ch.report()
 
 
+def test_twice_the_workers_that_cannot_start_leave_the_workers_below_available():
+    """Twice the workers fail to start (a fork more, their memory): they leave the
+    space, the failed start is not counted against processes, and the search goes
+    on (two workers won, and stay); the record replays to the same decision."""
+    clock = [0.0]
+    ch = Chooser(_with_more(space(2)), clock=lambda: clock[0])
+    ctl = _Control(lambda c: 10 * shared(2, 1)(c), clock)  # rows a tick in tens
+    ctl.core_rate, ctl.other_cores = 10_000.0, 0.05
+    ctl.worker_cores = lambda c: _share(2, 1, c.count)
+    ctl.refused = {processes(4)}
+    ch.begin_pass(ctl)
+    _ticks(ch, ctl, 600)
+    assert processes(4) in ctl.asked and processes(4) not in ctl.applied
+    assert ch.record.failed_starts == 0
+    assert ch.space is not None and ch.space.more_processes is None
+    assert ch.decision.settled and ch.current == processes(2), ch.report()
+    assert decide(ch.record, ch.space) == ch.decision
+
+
 def test_inline_is_dueled_where_the_cpu_is_not_known_or_processes_are_close():
     # no CPU readings: nothing bounds inline
     rec, ran = run(space(2), gil_bound(2), 0.02)
@@ -972,6 +991,8 @@ class _Control:
         self.tasks_running = 0  # what running() answers
         self.travel: Handoff | None = None  # what handoff() answers
         self.worker_cores: Callable[[Candidate], float] | None = None  # workers' cores busy
+        self.refused: set[Candidate] = set()  # candidates that cannot start
+        self.asked: list[Candidate] = []      # every candidate apply() was asked for
         self.wcpu = 0.0
 
     def waited(self) -> float:
@@ -999,6 +1020,9 @@ class _Control:
         return self.wcpu
 
     def apply(self, c: Candidate) -> bool:
+        self.asked.append(c)
+        if c in self.refused:
+            return False
         self.runs = c
         self.applied.append(c)
         return True

@@ -329,10 +329,17 @@ class Chooser:
 
     def _failed(self, c: Candidate) -> None:
         """``c`` could not start: count it (``start_attempts`` of them make processes
-        unavailable), and go on with the best candidate still possible."""
+        unavailable), and go on with the best candidate still possible.  Twice the
+        workers that could not start (a fork more, their memory) leave the space
+        instead: the workers of the count below may run (the replay of the record
+        with that space decides as the pass did, twice the workers having run no
+        window)."""
         if c.mode is not Mode.PROCESSES or self.space is None:
             return
-        self.record.failed_starts += 1
+        if c == self.space.more_processes:
+            self.space = dataclasses.replace(self.space, more_processes=None)
+        else:
+            self.record.failed_starts += 1
         self.decision = decide(self.record, self.space, self.config)
         run = self.decision.run
         if run != c and run != self.current and self._control is not None \

@@ -62,7 +62,8 @@ class Execution:
         started now if need be; None when it cannot run now (it failed to start or
         stopped: ``failed`` says why; or the decode threads did not go quiet for
         the fork: ``quiet``, see :meth:`ProcessStage.start`).  A stage of another
-        count is parked (see the class docstring)."""
+        count is parked (see the class docstring); where this count fails to start
+        while a parked one runs, only this count is out (``failed`` stays None)."""
         if self.failed is not None:
             return None
         workers = workers or self.workers
@@ -85,6 +86,11 @@ class Execution:
                     if self.mode == "processes":
                         raise AsyncFeedError(f"the process stage could not start: "
                                              f"{type(e).__name__}: {e}") from e
+                    if any(s.usable for s in self._parked.values()):
+                        # the workers of another count run: only this count is out
+                        log.warning("%d worker processes could not start (%s: %s)",
+                                    workers, type(e).__name__, e)
+                        return None
                     self.failed = f"processes could not start ({type(e).__name__}: {e})"
                     log.warning("%s; staying in this process", self.failed)
                     return None
