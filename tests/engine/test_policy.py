@@ -34,8 +34,8 @@ def space(cores: int, pool: int | None = None, workers: int | None = None,
 def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         record: Record | None = None,
         core_rate: float | Callable[[Candidate], float] = 0.0, other_cores: float = 0.0,
-        cpu_skew: float = 0.0, worker_cores: Callable[[Candidate], float] | None = None
-        ) -> tuple[Record, list[Candidate]]:
+        cpu_skew: float = 0.0, worker_cores: Callable[[Candidate], float] | None = None,
+        loader_cores: float = 0.0) -> tuple[Record, list[Candidate]]:
     """Drive ``decide`` as the chooser does: each window runs the candidate it asks
     for, at ``rate(candidate)`` rows/s times a noise factor, until settled.  With
     ``core_rate`` (rows/s, or a function of the candidate), thread and inline
@@ -44,7 +44,8 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
     that many cores more (the consumer's own work).  ``cpu_skew``: a thread candidate's
     windows read their rows' CPU that much high, then low, in turn (some windows
     draw the dearer samples).  ``worker_cores``: the cores a process candidate's
-    workers keep busy (their windows read that CPU per second)."""
+    workers keep busy (their windows read that CPU per second); ``loader_cores``:
+    the cores the loader's own process keeps busy meanwhile."""
     rnd = random.Random(seed)
     rec = record if record is not None else Record()
     ran = []
@@ -65,6 +66,8 @@ def run(sp: Space, rate, noise: float = 0.0, seed: int = 0, limit: int = 400,
         cpu *= 1 + (-cpu_skew if nth % 2 else cpu_skew)
         pcpu = cpu + other_cores * 0.1 if cpu and other_cores else 0.0
         wcpu = worker_cores(c) * 0.1 if worker_cores and c.mode is Mode.PROCESSES else 0.0
+        if c.mode is Mode.PROCESSES and loader_cores:
+            pcpu = loader_cores * 0.1
         rec.windows.append(Window(c, rows, 0.1, waited, cpu, pcpu, wcpu))
     raise AssertionError(f"not settled after {limit} windows: {ran[-12:]}")
 
@@ -949,6 +952,25 @@ def test_workers_that_keep_their_cores_busy_leave_no_room_for_more(cores):
     assert d.choice == processes(cores), d
     assert processes(2 * cores) not in ran
     assert d.more_processes_skipped is Reason.NO_ROOM
+
+
+def test_workers_waiting_on_a_busy_loader_process_leave_no_room_for_more():
+    """Sixteen workers half idle because the loader's process, one GIL, takes their
+    rows no faster (it is busy a whole core): twice the workers would wait as
+    much, and are not forked.  With that process mostly idle the same workers'
+    idle half is room, and twice the workers are measured."""
+    sp = _with_more(space(16))
+
+    def rate(x: Candidate) -> float:
+        return 8000.0 if x.mode is Mode.PROCESSES else 1000.0
+    rec, ran = run(sp, rate, 0.02, core_rate=1000.0, worker_cores=lambda x: 8.0,
+                   loader_cores=1.0)
+    d = decide(rec, sp)
+    assert d.choice == processes(16) and processes(32) not in ran, d
+    assert d.more_processes_skipped is Reason.NO_ROOM
+    rec2, ran2 = run(sp, rate, 0.02, core_rate=1000.0, worker_cores=lambda x: 8.0,
+                     loader_cores=0.1)
+    assert processes(32) in ran2
 
 
 def test_a_recheck_of_twice_the_workers_duels_the_workers_below():

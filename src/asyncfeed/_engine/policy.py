@@ -79,9 +79,10 @@ The search, replayed from the record by :func:`decide` (a pure function):
    processes were measured (won or lost), duel twice the workers against the
    choice (*4b*), unless the choice's rate is within twice the margin of what
    they could deliver: the rows per CPU second the workers read (their CPU comes
-   back with each task) times the cores, less what this process took meanwhile
-   (a bound read from the same few windows: within one margin of it is noise) --
-   or within the margin of the hand-off's bound.  Workers below that did not get the cores --
+   back with each task) times the cores, less what this process took meanwhile,
+   and at most the rows per CPU second of this process's own (its share of a row
+   runs under one GIL) -- a bound read from the same few windows: within one
+   margin of it is noise -- or within the margin of the hand-off's bound.  Workers below that did not get the cores --
    other processes share them, and more workers take a larger share, as a
    ``DataLoader`` user gives more workers than cores -- or waited, and more
    workers overlap the waits.  One rung only: each worker is a process, with
@@ -324,8 +325,11 @@ class _Replay:
         """Twice the workers of ``p``, measured (won or lost), if worth a duel against
         the choice (step 4b of the module docstring): not where the choice is within
         twice the margin of what they could deliver, the rows per CPU second ``p``'s
-        workers read times the cores (less what this process took meanwhile), nor
-        within the margin of the hand-off's bound.  Workers that read below that
+        workers read times the cores (less what this process took meanwhile), or
+        of what this process can take, the rows per CPU second of its own (its
+        share of a row -- the results read, the batch assembled, the consumer's
+        own work -- runs under one GIL: one core's worth at most), nor within the
+        margin of the hand-off's bound.  Workers that read below that
         did not get the cores (other processes share them: more workers take a
         larger share) or waited (more overlap the waits).  Twice the margin: the
         bound is read from the same few windows, the workers' CPU reported a task
@@ -339,10 +343,14 @@ class _Replay:
             or [w for w in self.seen if w.candidate == p and w.workers_cpu > 0]
         if not ws:
             return None
-        per_core = sum(w.rows for w in ws) / sum(w.workers_cpu for w in ws)
+        rows = sum(w.rows for w in ws)
         own = statistics.median(w.process_cpu / w.seconds for w in ws)
         cores = max(1.0, min(float(more.count), self.space.cores - own))
-        if (self.choice_rate or 0.0) * (1 + 2 * self._margin()) >= per_core * cores \
+        bound = rows / sum(w.workers_cpu for w in ws) * cores
+        own_cpu = sum(w.process_cpu for w in ws)
+        if own_cpu > 0:
+            bound = min(bound, rows / own_cpu)
+        if (self.choice_rate or 0.0) * (1 + 2 * self._margin()) >= bound \
                 or self._reaches(self._handoff_bound()):
             self.more_skipped = Reason.NO_ROOM
             return None
