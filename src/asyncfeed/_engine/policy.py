@@ -82,11 +82,11 @@ The search, replayed from the record by :func:`decide` (a pure function):
    back with each task) times the cores, less what this process took meanwhile,
    and at most the rows per CPU second of this process's own (its share of a row
    runs under one GIL) -- a bound read from the same few windows: within one
-   margin of it is noise -- or within the margin of the hand-off's bound.  Workers below that did not get the cores --
-   other processes share them, and more workers take a larger share, as a
-   ``DataLoader`` user gives more workers than cores -- or waited, and more
-   workers overlap the waits.  One rung only: each worker is a process, with
-   its memory.
+   margin of it is noise -- or within the margin of the hand-off's bound.
+   Workers below that did not get the cores -- other processes share them, and
+   more workers take a larger share, as a ``DataLoader`` user gives more
+   workers than cores -- or waited, and more workers overlap the waits.  One
+   rung only: each worker is a process, with its memory.
 5. *inline*: duel inline (the consumer loads the rows itself) against
    whatever won -- unless it won at a rate beyond one core's rate of the rows
    (the most rows per CPU second of a thread window, plus the margin): inline
@@ -329,9 +329,9 @@ class _Replay:
         of what this process can take, the rows per CPU second of its own (its
         share of a row -- the results read, the batch assembled, the consumer's
         own work -- runs under one GIL: one core's worth at most), nor within the
-        margin of the hand-off's bound.  Workers that read below that
-        did not get the cores (other processes share them: more workers take a
-        larger share) or waited (more overlap the waits).  Twice the margin: the
+        margin of the hand-off's bound.  Workers that read below that did not get
+        the cores (other processes share them: more workers take a larger share)
+        or waited (more overlap the waits).  Twice the margin: the
         bound is read from the same few windows, the workers' CPU reported a task
         at a time, and twice the workers must then beat the choice by the margin
         again; a fork of twice the workers is not spent on less."""
