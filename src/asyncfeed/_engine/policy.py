@@ -132,6 +132,7 @@ from __future__ import annotations
 
 import statistics
 
+from .bounds import handoff_bound, row_cpu, workers_bound
 from .decision import Decision, fixed
 from .duel import Duel, PolicyConfig, clear_lead, drifted, hopeless, judge, unsure
 from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
@@ -339,17 +340,13 @@ class _Replay:
         if more is None or more in self.tried or more == self.choice \
                 or (self.single_step and self.moved):
             return None
-        ws = [w for w in self.fresh if w.candidate == p and w.workers_cpu > 0] \
-            or [w for w in self.seen if w.candidate == p and w.workers_cpu > 0]
-        if not ws:
+        for windows in (self.fresh, self.seen):
+            bound = workers_bound([w for w in windows if w.candidate == p], more.count,
+                                  self.space.cores)
+            if bound is not None:
+                break
+        else:
             return None
-        rows = sum(w.rows for w in ws)
-        own = statistics.median(w.process_cpu / w.seconds for w in ws)
-        cores = max(1.0, min(float(more.count), self.space.cores - own))
-        bound = rows / sum(w.workers_cpu for w in ws) * cores
-        own_cpu = sum(w.process_cpu for w in ws)
-        if own_cpu > 0:
-            bound = min(bound, rows / own_cpu)
         if (self.choice_rate or 0.0) * (1 + 2 * self._margin()) >= bound \
                 or self._reaches(self._handoff_bound()):
             self.more_skipped = Reason.NO_ROOM
@@ -357,29 +354,9 @@ class _Replay:
         return more
 
     def _handoff_bound(self) -> float:
-        """The most worker processes could deliver where they send rows back pickled
-        (``Record.handoff``): the loader's process unpickles each one holding its
-        GIL, so it reads at most ``1 / unpickle_s`` rows a second whatever the
-        cores; and each row then costs its own CPU (:meth:`_row_cpu`), its pickling
-        and its unpickling, on at most the cores left.  Infinite where rows are
-        written in place or nothing is known."""
-        h = self.handoff
-        if h is None or not h.unpickle_s:
-            return float("inf")
-        row_cpu = self._row_cpu()
-        cpu_bound = self._cores_left() / (row_cpu + h.pickle_s + h.unpickle_s) \
-            if row_cpu else float("inf")
-        return min(1.0 / h.unpickle_s, cpu_bound)
-
-    def _row_cpu(self) -> float:
-        """CPU seconds a row takes where it runs in this process (threads or inline):
-        over the windows of this search that know it, pooled; a re-check that has
-        run none yet reads the searches' before (0: none knows it)."""
-        for windows in (self.fresh, self.seen):
-            rows, cpu = rows_and_cpu(windows, inline=True)
-            if rows:
-                return cpu / rows
-        return 0.0
+        """The hand-off's bound on processes (:func:`.bounds.handoff_bound`) for the
+        rows' CPU in this process and the cores left."""
+        return handoff_bound(self.handoff, row_cpu(self.fresh, self.seen), self._cores_left())
 
     def _advance(self) -> None:
         """Open the next duel (or one thread's solo windows), or settle."""
