@@ -132,6 +132,16 @@ def io_bound(c: int):
     return rate
 
 
+def humped(x: Candidate) -> float:
+    """Rows that scale to four threads, then slow down (contention); processes
+    slower still."""
+    if x.mode is Mode.INLINE:
+        return 900.0
+    if x.mode is Mode.THREADS:
+        return {1: 1000.0, 2: 1500.0, 4: 1900.0}.get(x.count, 1200.0)
+    return 800.0
+
+
 # ------------------------------------------------------------------ outcomes
 @pytest.mark.parametrize("cores", [2, 16, 96])
 @pytest.mark.parametrize("noise", [0.0, 0.02])
@@ -258,13 +268,74 @@ def partly_gil(c: int, procs: float | None = None):
 def test_rows_one_thread_ran_without_waiting_duel_processes_before_more_threads(cores):
     """One thread's rows took a core (they never waited), and threads past the
     start cannot be more than the cores: processes are dueled before more threads
-    than the cores run a window, and win."""
+    than the cores run a window, and win.  On more cores, where the start's threads
+    read far short of their count times one thread, processes come earlier still:
+    before fewer threads."""
     sp = space(cores)
     rec, ran = run(sp, partly_gil(cores), core_rate=300.0)
     d = decide(rec, sp)
     assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
-    assert d.processes_before_up and not d.processes_first, d
+    assert (d.processes_before_up, d.processes_before_down) == (cores == 2, cores > 2), d
+    assert not d.processes_first, d
     assert all(c.count <= cores for c in ran if c.mode is Mode.THREADS), ran
+
+
+def gil_overlapped(c: int):
+    """Pure Python whose threads overlap only the hand-offs: any count of two or
+    more reads 1.2x one thread (a real 16-core run read 634 rows/s on one thread,
+    582 to 788 on 2 to 16); processes scale with the cores."""
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 650.0
+        if x.mode is Mode.THREADS:
+            return 760.0 if x.count > 1 else 640.0
+        return 640.0 * min(x.count, c) * 0.9
+    return rate
+
+
+@pytest.mark.parametrize("cores", [4, 16, 96])
+@pytest.mark.parametrize("noise", [0.0, 0.05])
+def test_threads_that_beat_one_thread_short_of_their_count_duel_processes_before_fewer(
+        cores, noise):
+    """The start beat one thread, but by far less than its count of threads: fewer
+    threads could only match it at a lower cost, processes could go faster, so they
+    are dueled before the walk down the ladder, and win; no count between one
+    thread and the start runs a window."""
+    sp = space(cores)
+    rec, ran = run(sp, gil_overlapped(cores), noise, core_rate=640.0)
+    d = decide(rec, sp)
+    assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
+    assert d.processes_before_down and not d.processes_before_up, d
+    assert {c.count for c in ran if c.mode is Mode.THREADS} == {1, cores}, ran
+    assert "processes tried before fewer threads" in str(_report_of(rec, sp))
+
+
+def test_threads_that_scale_to_their_count_walk_down_before_processes():
+    """Threads that beat one thread by their count keep the order: a walk down
+    (which finds the cheapest count as fast) comes before processes."""
+    sp = space(16)
+    rec, ran = run(sp, gil_free(16), 0.02, core_rate=1000.0)
+    d = decide(rec, sp)
+    assert not d.processes_before_down and d.choice == threads(16), d
+    assert threads(8) in ran, ran
+
+
+def test_processes_that_lose_before_fewer_threads_leave_the_walk_down_to_go_on():
+    """Threads that peak at four (contention past them): the start beat one thread
+    short of its count, processes are dueled first and lose, and the walk down
+    still finds four threads."""
+    sp = space(16, pool=18)
+    rec, ran = run(sp, humped, 0.02, core_rate=1000.0)
+    d = decide(rec, sp)
+    assert d.choice == threads(4) and d.processes_before_down, d
+    assert _first_processes(ran) < ran.index(threads(8)), ran
+
+
+def _report_of(rec: Record, sp: Space):
+    ch = Chooser.__new__(Chooser)
+    ch.record, ch.decision, ch.detail = rec, decide(rec, sp), ""
+    ch.current = ch.decision.choice
+    return ch.report()
 
 
 def test_processes_skipped_by_their_bound_are_not_reported_tried_before_more_threads():
@@ -429,12 +500,6 @@ def test_rows_whose_threads_do_not_scale_skip_the_rungs_between(cores, kind):
 def test_a_thread_count_between_one_and_the_cores_is_still_found(cores):
     """Rows that scale to a few threads and then slow down (contention): the top
     beats one thread, and the walk down finds the best rung."""
-    def humped(x: Candidate) -> float:
-        if x.mode is Mode.INLINE:
-            return 900.0
-        if x.mode is Mode.THREADS:
-            return {1: 1000.0, 2: 1500.0, 4: 1900.0}.get(x.count, 1200.0)
-        return 800.0
     rec, _ = run(space(cores, pool=cores + 2), humped, 0.02)
     assert decide(rec, space(cores, pool=cores + 2)).choice == threads(4)
 

@@ -387,4 +387,5 @@ class Chooser:
                                threads_skipped=d.threads_skipped,
                                processes_first=d.processes_first,
                                processes_before_up=d.processes_before_up,
+                               processes_before_down=d.processes_before_down,
                                more_processes_skipped=d.more_processes_skipped)

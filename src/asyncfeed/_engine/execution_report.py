@@ -39,7 +39,9 @@ class ExecutionReport:
     cores' rate), if they were not.  ``processes_first``: processes were dueled
     first, the start's threads having run the rows one at a time.
     ``processes_before_up``: processes were dueled before more threads than the
-    cores, one thread's rows having never waited.  ``more_processes_skipped``: why
+    cores, one thread's rows having never waited.  ``processes_before_down``:
+    processes were dueled before fewer threads, the start's threads having run the
+    rows short of their count times one thread's rate.  ``more_processes_skipped``: why
     twice the workers were not measured where processes were (``NO_ROOM``: their
     workers kept busy every core they could have), if they were not.  ``str()`` is a
     sentence."""
@@ -55,6 +57,7 @@ class ExecutionReport:
     threads_skipped: Reason | None = None
     processes_first: bool = False
     processes_before_up: bool = False
+    processes_before_down: bool = False
     more_processes_skipped: Reason | None = None
 
     @property
@@ -89,6 +92,9 @@ class ExecutionReport:
         if self.processes_before_up:
             parts.append("processes tried before more threads than the cores: one "
                          "thread's rows never waited")
+        if self.processes_before_down:
+            parts.append("processes tried before fewer threads: the threads ran the rows "
+                         "short of their count times one thread's rate")
         if self.processes_skipped is Reason.NO_ROOM:
             parts.append("processes not tried: the rows' measured rate per core times the "
                          "cores left to them leaves them no room")

@@ -112,7 +112,11 @@ rows took a core, within ``min_margin``), step 4 comes before step 3 where step
 overlapping a wait, and rows that hold the GIL part of the time (two threads
 beat one, but not by the cores) would spend step 3's duel there before
 reaching processes.  Where processes won, step 3 has no thread choice to climb
-from; where they lost, it follows.
+from; where they lost, it follows.  And where the start won step 1 by less than its
+threads could (its rate short of ``min(threads, cores left)`` times one thread's,
+beyond the margin: the GIL or contention stopped them scaling), step 4 comes before
+step 2: fewer threads could only match the start at a lower cost, processes may go
+faster (on many cores each rung of the walk down is a duel of its own first).
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of the last
@@ -175,6 +179,7 @@ class _Replay:
         self.soloing = False
         self.processes_first = False   # the start's threads ran the rows one at a time
         self.processes_before_up = False  # one thread's rows never waited
+        self.processes_before_down = False  # the start's threads fell short of scaling
         self.mine: list[Window] = []
         self.theirs: list[Window] = []
         self.block_side: Candidate = self.choice  # a block duel's side that ran last
@@ -458,7 +463,7 @@ class _Replay:
             if won == duel.cheap:
                 # one thread stayed: no count below the start can win; climb from one
                 self.phases.remove("down")
-            else:
+            elif not self._order_processes_before_down():
                 self._order_processes_before_up()
             self.moved = False
         elif (phase == "down" and won != duel.cheap) or (phase == "up" and won != duel.dear):
@@ -489,6 +494,23 @@ class _Replay:
         self.phases.remove("processes")
         self.phases.insert(0, "processes")
         self._advance()
+        return True
+
+    def _order_processes_before_down(self) -> bool:
+        """After the bottom duel that the start won: where the start's threads ran
+        the rows short of their reach from one thread's rate (``min(threads, cores
+        left)`` times it, beyond the margin) and fewer threads are left to walk
+        down, processes come before them (see the module docstring); True where
+        they do."""
+        i, solo = self._rung(self.choice), self._one_thread_rate()
+        if self.single_step or self.process is None or "down" not in self.phases \
+                or "processes" not in self.phases or i < 1 or solo is None \
+                or self.rungs[i - 1] in self.tried or self._reaches(
+                    min(float(self.choice.count), self._cores_left()) * solo):
+            return False
+        self.processes_before_down = True
+        self.phases.remove("processes")
+        self.phases.insert(self.phases.index("down"), "processes")
         return True
 
     def _order_processes_before_up(self) -> None:
@@ -568,5 +590,6 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     processes_first=r.processes_first,
                     # reordered, but skipped by a bound in their turn: not tried
                     processes_before_up=r.processes_before_up and r.skipped is None,
+                    processes_before_down=r.processes_before_down and r.skipped is None,
                     window_scale=2 ** (r.round - 1) if r.rival is not None else 1,
                     more_processes_skipped=r.more_skipped)
