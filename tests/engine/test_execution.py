@@ -9,6 +9,7 @@ an error naming its samples, never a hang, and nothing (no process, no
 from __future__ import annotations
 
 import glob
+import math
 import os
 import pickle
 import threading
@@ -590,19 +591,73 @@ def test_threads_never_start_processes():
         assert al._exec.stage is None and al.stats().execution.mode is Mode.THREADS
 
 
-@pytest.mark.parametrize("n,workers,row_cost,expect", [
-    (32, 2, None, 8),       # no measurement yet: half a worker's share
-    (32, 2, 0.0, 8),
-    (32, 2, 0.007, 8),      # 7 ms rows: 50 ms of work is 8 rows (was 2 at 10 ms)
-    (32, 2, 0.001, 16),     # cheap rows: capped at one worker's share
-    (33, 2, 0.0001, 17),    # ... rounded up, so two tasks cover the batch
-    (32, 2, 0.2, 1),        # rows dearer than the target: one per task
-    (5, 8, 0.001, 1),       # more workers than rows
-    (128, 1, 0.0005, 100),  # one worker: the target alone bounds it
+@pytest.mark.parametrize("n,workers,row_cost,ahead,expect", [
+    (32, 2, None, 1, 8),        # no measurement yet: half a worker's share
+    (32, 2, 0.0, 4, 8),
+    (32, 2, 0.007, 4, 8),       # 7 ms rows: 50 ms of work is 8 rows
+    (32, 2, 0.001, 4, 32),      # cheap rows, enough batches in flight: the whole batch
+    (32, 2, 0.001, 1, 8),       # ... one batch in flight: cut to fill both workers' tasks
+    (33, 2, 0.0001, 1, 9),      # ... rounded up
+    (32, 2, 0.2, 4, 1),         # rows dearer than the target: one per task
+    (5, 8, 0.001, 1, 1),        # more workers than rows
+    (128, 1, 0.0005, 2, 100),   # one worker: the target alone bounds it
+    (64, 16, 25e-6, 32, 64),    # tiny rows on 16 workers, 32 batches in flight: a batch each
+    (64, 16, 25e-6, 3, 6),      # ... a user's prefetch of 3: runs that reach every worker
 ])
-def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, expect):
-    assert taskrows.PROCESS_TASK_S == 0.05
-    assert processes.rows_per_process_task(n, workers, row_cost) == expect
+def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, ahead, expect):
+    assert taskrows.PROCESS_TASK_S == 0.05 and taskrows.WORKER_DEPTH == 2
+    assert processes.rows_per_process_task(n, workers, row_cost, ahead) == expect
+
+
+@pytest.mark.parametrize("n,workers,row_cost,expect", [
+    (64, 16, 25e-6, 32),     # tiny rows: a batch a task, two tasks a worker
+    (32, 16, 0.003, 17),     # 3 ms rows: 17-row tasks, 34 rows a worker
+    (128, 2, 0.00016, 4),
+    (32, 96, 0.2, 6),        # dear rows: one a task, two a worker
+    (32, 16, None, 1),       # nothing measured yet
+])
+def test_the_batches_in_flight_fill_every_workers_tasks(n, workers, row_cost, expect):
+    fill = taskrows.batches_to_fill(n, workers, row_cost)
+    assert fill == expect
+    if row_cost:
+        # and at that many batches, the tasks are the full 50 ms (or the batch)
+        k = processes.rows_per_process_task(n, workers, row_cost, fill)
+        assert k == min(n, math.ceil(taskrows.PROCESS_TASK_S / row_cost))
+
+
+class CheapRows:
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int):
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("prefetch", [None, 2])
+def test_worker_processes_keep_as_many_batches_in_flight_as_fill_them(monkeypatch, prefetch):
+    """Under worker processes and the default prefetch (sized for threads), the pass
+    keeps enough batches outstanding to give every worker its tasks; a prefetch
+    the user gave stays the bound."""
+    from asyncfeed._engine import pipeline as pipeline_mod
+    seen: list[int] = []
+    real = pipeline_mod.Pipeline.ahead
+
+    def ahead(self):
+        n = real(self)
+        seen.append(n)
+        return n
+    monkeypatch.setattr(pipeline_mod.Pipeline, "ahead", ahead)
+    kw = {} if prefetch is None else {"prefetch": prefetch}
+    with AsyncLoader(CheapRows(), batch_size=8, execution="processes", num_workers=2,
+                     **kw) as al:
+        for _ in range(2):
+            assert torch.cat(list(al)).view(-1).tolist() == list(range(512))
+        bound = al.prefetch
+    if prefetch is None:
+        # 8 cheap rows a batch: a task is the batch, and each worker holds two
+        assert bound < max(seen) <= 64 and max(seen) >= 2 * 2, (max(seen), bound)
+    else:
+        assert max(seen) == bound == 2
 
 
 def test_a_workers_task_is_sized_by_what_rows_take_in_the_workers():

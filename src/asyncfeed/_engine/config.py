@@ -41,6 +41,7 @@ class LoaderConfig:
     seed: int | None
     io_concurrency: int
     prefetch: int
+    prefetch_given: bool
     readahead_bytes: int | None
     num_threads: int
     threads_given: bool
@@ -100,6 +101,9 @@ def _seed_beside(seed: int | None, generator: torch.Generator | None,
     return None
 
 
+MOST_AHEAD = 64  # batches a default keeps in flight at most (threads or worker processes)
+
+
 def default_prefetch(batch_size: int | None, num_threads: int, use_fetch: bool,
                      io_concurrency: int) -> int:
     """Batches loaded ahead by default: enough rows in flight for every thread."""
@@ -110,7 +114,7 @@ def default_prefetch(batch_size: int | None, num_threads: int, use_fetch: bool,
     want = 4 * num_threads
     if use_fetch:
         want = max(want, io_concurrency)
-    return max(2, min(64, math.ceil(want / per_batch) + 1))
+    return max(2, min(MOST_AHEAD, math.ceil(want / per_batch) + 1))
 
 
 def make_config(*, batch_size: int | None, shuffle: bool | None, drop_last: bool,
@@ -145,6 +149,7 @@ def make_config(*, batch_size: int | None, shuffle: bool | None, drop_last: bool
         on_error=on_error, seed=seed, io_concurrency=io_concurrency,
         prefetch=prefetch or default_prefetch(batch_size, threads, use_fetch,
                                               io_concurrency),
+        prefetch_given=prefetch is not None,
         readahead_bytes=readahead_bytes, num_threads=threads,
         threads_given=num_threads is not None, device=resolved, pin_memory=pin,
         transfer=resolved is not None or copy_stream is not None, execution=execution,

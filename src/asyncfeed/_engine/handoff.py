@@ -67,6 +67,8 @@ class PassConfig:
     auto_collation: bool = True
     default_collate: bool = False   # the collate is torch's default_collate (rows allowed)
     prefetch: int = 2               # batches outstanding at most
+    prefetch_given: bool = False    # the user's (a bound); else a default worker
+                                    # processes may raise (Pipeline.ahead)
     io_concurrency: int = 64        # fetches in flight on the event loop
     in_order: bool = True           # batches are delivered in plan order
     readahead_bytes: int | None = 0  # raw reads ahead of the decode window (0: off,

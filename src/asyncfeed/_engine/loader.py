@@ -91,7 +91,9 @@ class AsyncLoader(Generic[T_co]):
       otherwise).
     - ``io_concurrency``: reads in flight on the event loop (default 64).
     - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
-      every thread busy, at least 2).  Bounds memory: twice as many while the
+      every thread busy, at least 2; while worker processes run the rows with no
+      device copy, enough to keep every worker busy, at most 64).  A given
+      ``prefetch`` bounds memory: twice as many while the
       batch the consumer waits for still waits for a read on the event loop (no
       device copy), so a retried read does not leave the threads idle.
     - ``readahead_bytes``: with reads on the event loop, raw reads run ahead of
@@ -214,6 +216,7 @@ class AsyncLoader(Generic[T_co]):
         self.device = cfg.device
         self.pin_memory = cfg.pin_memory
         self.prefetch = cfg.prefetch
+        self._prefetch_given = cfg.prefetch_given
         self.execution = cfg.execution
 
     def _build_parts(self, cfg: LoaderConfig, multiprocessing_context: Any,
@@ -377,6 +380,7 @@ class AsyncLoader(Generic[T_co]):
         config = PassConfig(batch_size=self.batch_size, collate=self._collate,
                             auto_collation=self._plan.auto_collation,
                             default_collate=self._layouts.enabled, prefetch=self.prefetch,
+                            prefetch_given=self._prefetch_given,
                             io_concurrency=self.io_concurrency, in_order=self.in_order,
                             readahead_bytes=self.readahead_bytes, pin_host=self.pin_memory,
                             drop_last=self.drop_last, skip=self.on_error == "skip")

@@ -45,6 +45,7 @@ from .assemble import assemble
 from .batch import WRITTEN, Batch, BatchMode
 from .capabilities import Capabilities
 from .completions import Completions
+from .config import MOST_AHEAD
 from .executors import Executors, RowExecutor
 from .fetching import FetchStage
 from .handoff import BatchHandoff, BatchMemory, PassConfig
@@ -138,7 +139,7 @@ class Pipeline(BatchHandoff):
         return res + ((Resource("copy", (H2D,), 1),) if self.copy is not None else ())
 
     # --------------------------------------------------------------- plan stage
-    def _ahead(self) -> int:
+    def ahead(self) -> int:
         """How many batches may be outstanding now.
 
         One until the consumer has taken the pass's first batch: that batch gets
@@ -160,6 +161,12 @@ class Pipeline(BatchHandoff):
         window full of finished batches and the threads idle, while the raw bytes
         of the batches behind it are there (see readahead.py).  The window's memory
         bound is then twice ``prefetch`` batches.
+
+        Under worker processes, where ``prefetch`` is the default and no device
+        copy's ring of ``prefetch`` slots holds the batches: as many as keep every
+        worker's tasks full (``ProcessStage.fill``; at most ``MOST_AHEAD``).
+        Sized for threads, the default left 16 workers on 16 cores waiting for
+        the next batch to be planned; DataLoader keeps ``2 x num_workers``.
         """
         ahead = self.taken > 0 or self.use_fetch or not self.in_order \
             or (self.stage is not None and self.layouts.decided)
@@ -168,11 +175,16 @@ class Pipeline(BatchHandoff):
         if self.readahead is not None and self.in_order and self.copy is None \
                 and self.readahead.reading(self.taken):
             return 2 * self.prefetch
+        stage = self.stage
+        if stage is not None and not self.config.prefetch_given and self.copy is None \
+                and self.batch_size:
+            return max(self.prefetch, min(MOST_AHEAD, stage.fill(self.batch_size,
+                                                                  self.row_cost)))
         return self.prefetch
 
     def _room(self) -> bool:
         return not self.exhausted and not self.stopping \
-            and self.submitted - self.taken < self._ahead() and not self._direct()
+            and self.submitted - self.taken < self.ahead() and not self._direct()
 
     def top_up(self) -> None:
         """Submit planned batches until enough are outstanding (consumer thread)."""

@@ -233,3 +233,8 @@ class RowHost(Protocol):
     def abandon(self, b: Batch) -> None:
         """``b`` cannot be loaded (the loader is closing): it is ready with that error."""
         ...
+
+    def ahead(self) -> int:
+        """How many batches may be outstanding now (a process stage sizes its
+        tasks to fill its workers from them)."""
+        ...

@@ -29,7 +29,7 @@ def submit_batch(p: RowHost, stage: ProcessStage, b: Batch) -> bool:
             b.bufs = bufs
         else:
             path = stage.buffers.path_of(b.bufs)
-    step = stage.task_rows(b.n, p.row_cost)
+    step = stage.task_rows(b.n, p.row_cost, p.ahead())
     spans = [(lo, min(lo + step, b.n)) for lo in range(0, b.n, step)]
     for i, (lo, hi) in enumerate(spans):
         if not stage.submit(p, b, lo, hi, path):
@@ -71,7 +71,7 @@ def take_over_queued(p: RowHost, stage: ProcessStage) -> int:
             moved += b.n
             continue
         path = stage.buffers.path_of(b.bufs) if b.bufs else None
-        step = stage.task_rows(b.n, p.row_cost)
+        step = stage.task_rows(b.n, p.row_cost, p.ahead())
         chunks = [(lo, min(lo + step, hi0)) for lo0, hi0 in merged
                   for lo in range(lo0, hi0, step)]
         for i, (lo, hi) in enumerate(chunks):

@@ -142,6 +142,11 @@ class ShmBuffers:
         self._prefix = f"asyncfeed-{os.getpid()}-{secrets.token_hex(4)}-"
         self._lease: int | None = None   # fd of the flock'ed lease (see remove_segments)
 
+    def reserve(self, sets: int) -> None:
+        """Keep up to ``sets`` buffer sets for reuse (never fewer than before)."""
+        if _use_count is not None:
+            self.capacity = max(self.capacity, sets)
+
     def take(self, layout: Layout, rows: int) -> tuple[list[Any], str]:
         """Buffers for ``rows`` samples of ``layout``, and the file they live in."""
         with self._lock:

@@ -33,7 +33,8 @@ from ..accounting import DECODE
 from ..tasksize import RowCost
 from .opened import register, unregister
 from .shm import ShmBuffers, remove_segments
-from .taskrows import apply_results, rows_per_process_task, rows_to_threads, task_message
+from .taskrows import (WORKER_DEPTH, apply_results, batches_to_fill, rows_per_process_task,
+                       rows_to_threads, task_message)
 from .transport import unwrap
 from .worker import worker_main
 
@@ -47,8 +48,6 @@ log = logging.getLogger("asyncfeed")
 
 CLOSE_GRACE_S = 0.5   # close(): the workers' time to leave on their own, before SIGTERM
 QUIET_S = 1.0          # the longest the consumer waits for running tasks before a fork
-WORKER_DEPTH = 2       # tasks a worker holds at once (one running, one queued); the rest
-                       # wait in the stage's backlog for the first worker to free up
 TAIL_SHARE = 0.5       # once a pass's plan ran out, a backlog task sent is at most this
                        # share of the backlog's rows per live worker (ProcessStage._tail_piece)
 
@@ -228,10 +227,18 @@ class ProcessStage:
         forget, self._forget = self._forget, []
         return forget
 
-    def task_rows(self, n: int, cost: RowCost | None) -> int:
-        """Rows per task for a batch of ``n`` (``rows_per_process_task`` at
-        :meth:`row_cost`)."""
-        return rows_per_process_task(n, self.num_workers, self.row_cost(cost))
+    def task_rows(self, n: int, cost: RowCost | None, ahead: int = 1) -> int:
+        """Rows per task for a batch of ``n`` with ``ahead`` batches in flight
+        (``rows_per_process_task`` at :meth:`row_cost`)."""
+        return rows_per_process_task(n, self.num_workers, self.row_cost(cost), ahead)
+
+    def fill(self, n: int, cost: RowCost | None) -> int:
+        """Batches of ``n`` rows in flight that keep every worker's tasks full
+        (``batches_to_fill``); the stage keeps that many shared-memory sets (and
+        two more: the batch the consumer holds, the one it returns) for reuse."""
+        ahead = batches_to_fill(n, self.num_workers, self.row_cost(cost))
+        self.buffers.reserve(ahead + 2)
+        return ahead
 
     def _send(self, wid: int, tid: int, task: tuple[Any, ...], forget: list[str]) -> bool:
         """Write a task to worker ``wid``'s pipe (any thread; one writer at a time).

@@ -12,10 +12,12 @@ from ..batch import WRITTEN, Batch
 from ..samples import RowHost
 from .transport import rebuild
 
-__all__ = ["PROCESS_TASK_S", "apply_results", "rows_per_process_task", "rows_to_threads",
-           "task_message"]
+__all__ = ["PROCESS_TASK_S", "WORKER_DEPTH", "apply_results", "batches_to_fill",
+           "rows_per_process_task", "rows_to_threads", "task_message"]
 
 PROCESS_TASK_S = 0.05  # the work a task sent to a worker aims at (rows_per_process_task)
+WORKER_DEPTH = 2       # tasks a worker holds at once (one running, one queued); the rest
+                       # wait in the stage's backlog for the first worker to free up
 
 
 def apply_results(p: RowHost, b: Batch, lo: int, hi: int, out: list[tuple[int, str, Any]]) -> None:
@@ -36,17 +38,34 @@ def apply_results(p: RowHost, b: Batch, lo: int, hi: int, out: list[tuple[int, s
     p.rows_done(b, lo, hi)
 
 
-def rows_per_process_task(n: int, workers: int, row_cost_s: float | None) -> int:
-    """Rows per task sent to a worker: about ``PROCESS_TASK_S`` of work, no more
-    than one worker's share of a batch (before the row cost is known: half that
-    share).  A task costs the loader's process about 0.4 ms of CPU (the results
-    thread's wake-up, receive and bookkeeping) on top of the worker's queue read
-    and reply: with 10 ms tasks that was 5% of a core, taken from the workers on
-    a small machine (see docs/architecture.md)."""
+def _full_task(n: int, row_cost_s: float) -> int:
+    return max(1, min(math.ceil(PROCESS_TASK_S / row_cost_s), n))
+
+
+def rows_per_process_task(n: int, workers: int, row_cost_s: float | None,
+                          ahead: int = 1) -> int:
+    """Rows per task sent to a worker: about ``PROCESS_TASK_S`` of work, at most the
+    batch, but no more than fills every worker's ``WORKER_DEPTH`` tasks from the
+    rows of the ``ahead`` batches in flight (before the row cost is known: half a
+    worker's share of one batch).  A task costs the loader's process its
+    results thread's wake-up, receive and bookkeeping, on top of the worker's
+    queue read and reply: the fewer tasks a row takes, the less of that (see
+    docs/architecture.md)."""
     workers = max(1, workers)
     if row_cost_s is None or row_cost_s <= 0:
         return max(1, n // (2 * workers))
-    return max(1, min(math.ceil(PROCESS_TASK_S / row_cost_s), -(-n // workers)))
+    fill = -(-max(1, ahead) * n // (workers * WORKER_DEPTH))
+    return max(1, min(_full_task(n, row_cost_s), fill))
+
+
+def batches_to_fill(n: int, workers: int, row_cost_s: float | None) -> int:
+    """Batches of ``n`` rows in flight that give every one of ``workers`` its
+    ``WORKER_DEPTH`` tasks of about ``PROCESS_TASK_S`` each (a task's hand-offs then
+    stay a small part of it, and no worker waits for the next batch to be planned);
+    1 before the row cost is known."""
+    if row_cost_s is None or row_cost_s <= 0 or n <= 0:
+        return 1
+    return -(-max(1, workers) * WORKER_DEPTH * _full_task(n, row_cost_s) // n)
 
 
 def task_message(b: Batch, lo: int, hi: int, path: str | None) -> tuple[Any, ...]:
