@@ -9,6 +9,7 @@ an error naming its samples, never a hang, and nothing (no process, no
 from __future__ import annotations
 
 import glob
+import itertools
 import math
 import os
 import pickle
@@ -793,3 +794,91 @@ def test_a_loader_with_a_timeout_never_chooses_inline():
         assert INLINE not in al._chooser.space.rungs()
     with AsyncLoader(TupleFixed(8), batch_size=4) as al:
         assert al._chooser.space is not None and al._chooser.space.inline
+
+
+# --------------------------------------------- a user's collate_fn in the workers
+class Records:
+    """Dict samples (a tensor, a string id); rows in ``bad`` raise KeyError."""
+
+    def __init__(self, n: int = 256, bad: tuple[int, ...] = ()) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i in self.bad:
+            raise KeyError(f"no record {i}")
+        return {"x": torch.full((3,), i), "id": f"r{i}"}
+
+
+def collate_records(samples):
+    """A user's collate_fn: stacks the tensors, lists the ids, says where it ran;
+    refuses a batch that holds record 133."""
+    ids = [s["id"] for s in samples]
+    if "r133" in ids:
+        raise ValueError("batch with r133 refused")
+    return {"x": torch.stack([s["x"] for s in samples]), "ids": ids, "pid": os.getpid()}
+
+
+def _content(batches):
+    return [(b["x"].tolist(), b["ids"]) for b in batches]
+
+
+def test_workers_collate_whole_batches_with_the_users_collate_fn():
+    """As DataLoader's workers do: once a worker's task is a whole batch, the worker
+    runs the user's collate_fn and sends the batch; the batches are DataLoader's."""
+    ds = Records(128)
+    ref = _content(DataLoader(ds, batch_size=8, collate_fn=collate_records))
+    with AsyncLoader(ds, batch_size=8, execution="processes", num_workers=2,
+                     collate_fn=collate_records) as al:
+        passes = [list(al) for _ in range(2)]
+        assert al._exec.stage.collate is collate_records
+    assert [_content(p) for p in passes] == [ref, ref]
+    here = [b["pid"] == os.getpid() for b in passes[1]]
+    # the first batch of a pass, and the last pieces of its tail, may be cut smaller
+    assert here.count(False) >= len(here) // 2, here
+
+
+@pytest.mark.parametrize("execution", ["threads", "processes"])
+def test_a_failing_row_or_collate_fn_fails_its_batch_on_every_execution(execution):
+    """A row that raises fails its batch with a SampleError naming it, and a
+    collate_fn that raises fails its batch with that error: the same with workers
+    collating (they send the rows back instead) as with threads."""
+    kw = dict(batch_size=8, execution=execution, collate_fn=collate_records)
+    with AsyncLoader(Records(bad=(77,)), **kw) as al:
+        it = iter(al)
+        assert [b["ids"][0] for b in itertools.islice(it, 9)] == [f"r{8 * k}" for k in range(9)]
+        with pytest.raises(KeyError) as e:
+            next(it)
+        assert isinstance(e.value, SampleError) and e.value.index == 77
+    with AsyncLoader(Records(), **kw) as al:
+        it = iter(al)
+        assert len(list(itertools.islice(it, 16))) == 16
+        with pytest.raises(ValueError, match="batch with r133 refused"):
+            next(it)
+
+
+def test_skipped_rows_under_workers_give_the_batches_threads_give():
+    """on_error="skip": a batch is re-made of the next good rows, so the workers
+    send rows, never a batch of their own; the batches are those of threads."""
+    ds = Records(128, bad=(3, 50, 51, 127))
+
+    def run(execution: str):
+        with AsyncLoader(ds, batch_size=8, execution=execution, on_error="skip",
+                         collate_fn=collate_records) as al:
+            return [_content(list(al)) for _ in range(2)]
+    assert run("processes") == run("threads")
+
+
+def test_a_collate_fn_that_cannot_travel_to_spawned_workers_runs_here():
+    """Spawned workers get the collate_fn pickled: a lambda cannot be, so the
+    loader's process collates, and the batches are the same."""
+    ds = Records(64)
+    fn = lambda s: collate_records(s)  # noqa: E731
+    with AsyncLoader(ds, batch_size=8, execution="processes", num_workers=2,
+                     multiprocessing_context="spawn", collate_fn=fn) as al:
+        got = list(al)
+        assert al._exec.stage.collate is None
+    assert _content(got) == _content(DataLoader(ds, batch_size=8, collate_fn=collate_records))
+    assert all(b["pid"] == os.getpid() for b in got)

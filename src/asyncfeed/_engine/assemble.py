@@ -25,7 +25,11 @@ def assemble(rows: SampleRows, b: Batch, collate: Callable[[list[Any]], Any],
     """The host batch of complete batch ``b`` (every row loaded, none failed).
     ``ring_ok``: the pass's collate is ``default_collate`` (rows may be written).
     A ring batch's rows are let go of here (its buffers hold the data).  Raises
-    what the collate function raises."""
+    what the collate function raises.  A batch a worker process collated
+    (``b.collated``) is that batch."""
+    if b.collated is not None:
+        host, b.collated = b.collated, None
+        return host
     if b.mode is BatchMode.RING and not b.mismatch:
         assert b.layout is not None and b.bufs is not None  # a ring batch's layout is known
         # a slot's tensors are the ring's; the pool's and the stage's buffers are

@@ -79,6 +79,7 @@ class Batch:
     views: list[Any] | None = field(default=None, repr=False)  # NumPy views of bufs
     t_ready: float = 0.0       # perf_counter() when it became ready
     deferred: bool = False     # rows loaded but not written: its completion writes them
+    collated: Any = field(default=None, repr=False)  # collated by a worker process
 
     def __post_init__(self) -> None:
         if type(self.mode) is not BatchMode:  # (a plain string; the enum's call costs

@@ -226,9 +226,12 @@ class AsyncLoader(Generic[T_co]):
         and the chooser of where rows run), batch memory, counters and skip log."""
         self._row_cost = RowCost()  # what a row costs: sizes the decode tasks
         # where samples run: measured among the candidates (see policy, chooser)
+        # a collate_fn of the user's goes to the workers, which collate whole batches
+        custom = not self._layouts.enabled and self._plan.auto_collation
         self._exec = Execution(cfg.execution, self.dataset, cfg.workers,
                                multiprocessing_context, worker_init_fn,
-                               capacity=cfg.prefetch + 2)
+                               capacity=cfg.prefetch + 2,
+                               collate=self._collate if custom else None)
         self._chooser = make_chooser(cfg, iterable=self._iterable,
                                      use_fetch=self._caps.use_fetch)
         self._exec_finalizer = weakref.finalize(self, self._exec.close)

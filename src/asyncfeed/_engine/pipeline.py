@@ -104,6 +104,10 @@ class Pipeline(BatchHandoff):
         self._chooser = executors.chooser
         runtime.pool.admit(executors.gate)
         self.stage: Any = None      # the process stage rows go to now (None: this process)
+        # on_error="skip" re-makes batches of other rows (the next good ones): only
+        # the rows of a batch then travel, never a batch a worker collated
+        self.worker_collate = config.auto_collation and not config.default_collate \
+            and not config.skip
         self._stages: list[Any] = []  # every stage this pass used (dropped at its end)
         # rows loaded or failed so far (under cond), as the chooser reads them: at
         # batch completions where a batch's reads go out together on the event loop

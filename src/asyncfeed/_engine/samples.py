@@ -19,6 +19,7 @@ worker processes' results) uses to turn an index into a row of its batch:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._memory.layout import Layout, LayoutMismatch
@@ -224,6 +225,9 @@ class RowHost(Protocol):
     row_cost: RowCost
     runtime: Runtime
     stage: Any          # the process stage rows go to now (None: this process)
+    collate: Callable[[list[Any]], Any]  # the pass's collate function
+    worker_collate: bool  # a worker may collate a whole batch of the pass (no skipping:
+                          # a batch is never re-made of other rows; a user's collate_fn)
     workers_cpu_s: float  # CPU seconds worker processes took on the pass's rows
 
     def rows_done(self, b: Batch, lo: int, hi: int, cpu: float = 0.0) -> None:

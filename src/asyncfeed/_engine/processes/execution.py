@@ -38,7 +38,8 @@ class Execution:
     """
 
     def __init__(self, mode: str, dataset: Any, workers: int, context: Any,
-                 worker_init_fn: Callable[[int], None] | None, capacity: int) -> None:
+                 worker_init_fn: Callable[[int], None] | None, capacity: int,
+                 collate: Callable[[list[Any]], Any] | None = None) -> None:
         if mode not in EXECUTIONS:
             raise ValueError(f"execution must be one of {', '.join(EXECUTIONS)}, got {mode!r}")
         if mode in ("auto", "processes") and context is not None:
@@ -49,6 +50,7 @@ class Execution:
         self.context = context
         self.worker_init_fn = worker_init_fn
         self.capacity = capacity
+        self.collate = collate  # the user's collate_fn, for the workers (ProcessStage)
         self.stage: ProcessStage | None = None
         self._parked: dict[int, ProcessStage] = {}  # stages of other counts, by count
         self.failed: str | None = None
@@ -78,7 +80,8 @@ class Execution:
         with self._lock:
             if self.stage is None:
                 stage = ProcessStage(self.dataset, workers, self.context,
-                                     self.worker_init_fn, base_seed, self.capacity)
+                                     self.worker_init_fn, base_seed, self.capacity,
+                                     self.collate)
                 try:
                     started = stage.start(quiet)
                 except Exception as e:  # noqa: BLE001 - e.g. an unpicklable dataset with spawn

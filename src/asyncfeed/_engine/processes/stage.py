@@ -68,13 +68,30 @@ def resolve_context(context: Any) -> Any:
     return context
 
 
+
+def _travels(collate: Callable[[list[Any]], Any] | None, context: Any) -> bool:
+    """Whether ``collate`` can go to the workers: inherited by a fork; pickled by
+    the other start methods (a lambda cannot be: its batches are collated here)."""
+    if collate is None:
+        return False
+    if resolve_context(context).get_start_method() == "fork":
+        return True
+    try:
+        pickle.dumps(collate)
+    except Exception:  # noqa: BLE001 - any pickling failure: collated here
+        return False
+    return True
+
 class ProcessStage:
     """``num_workers`` worker processes running ``dataset[index]`` for the pipeline."""
 
     def __init__(self, dataset: Any, num_workers: int, context: Any,
                  worker_init_fn: Callable[[int], None] | None, base_seed: int,
-                 capacity: int) -> None:
+                 capacity: int, collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.dataset = dataset
+        # the loader's own collate_fn, run by the workers on whole batches that come
+        # back pickled (see collates); None where they cannot have it
+        self.collate = collate if _travels(collate, context) else None
         self.num_workers = max(1, num_workers)
         self.ctx = resolve_context(context)
         self.worker_init_fn = worker_init_fn
@@ -139,7 +156,8 @@ class ProcessStage:
                 p = self.ctx.Process(target=worker_main, name=f"asyncfeed-proc-{wid}",
                                      args=(wid, self.num_workers, self.dataset,
                                            self.worker_init_fn, self.base_seed,
-                                           task_reader, writer, self.owner_pid), daemon=True)
+                                           task_reader, writer, self.owner_pid,
+                                           self.collate), daemon=True)
                 try:
                     p.start()
                 finally:
@@ -201,7 +219,8 @@ class ProcessStage:
                 self._backlog.append((tid, path))
                 return True
             forget = self._assign(tid, p, b, lo, hi, wid)
-        if not self._send(wid, tid, task_message(b, lo, hi, path), forget):
+        if not self._send(wid, tid, task_message(b, lo, hi, path, self.collates(p, b, lo, hi, path)),
+                          forget):
             with self._lock:
                 self._pending.pop(tid, None)
                 self._held[wid] -= 1
@@ -226,6 +245,16 @@ class ProcessStage:
         self._held[wid] += 1
         forget, self._forget = self._forget, []
         return forget
+
+    def collates(self, p: RowHost, b: Batch, lo: int, hi: int, path: str | None) -> bool:
+        """Whether the worker collates rows ``lo..hi`` of ``b``: the whole batch, sent
+        back pickled (no buffers to write it into), of a pass whose collate is the
+        one the workers have, and whose batches are never re-made of other rows
+        (``RowHost.worker_collate``).  As ``DataLoader``'s workers do: the loader's
+        process then reads one batch back instead of every row, and runs no
+        collate."""
+        return self.collate is not None and path is None and lo == 0 and hi == b.n \
+            and p.worker_collate and p.collate is self.collate
 
     def task_rows(self, n: int, cost: RowCost | None, ahead: int = 1) -> int:
         """Rows per task for a batch of ``n`` with ``ahead`` batches in flight
@@ -296,7 +325,8 @@ class ProcessStage:
                     self._backlog.appendleft((tid, path))
                     tid, hi = next(self._ids), lo + piece
                 forget = self._assign(tid, p, b, lo, hi, wid)
-            if not self._send(wid, tid, task_message(b, lo, hi, path), forget):
+            msg = task_message(b, lo, hi, path, self.collates(p, b, lo, hi, path))
+            if not self._send(wid, tid, msg, forget):
                 return
 
     def _tail_piece(self, p: RowHost, rows: int) -> int:

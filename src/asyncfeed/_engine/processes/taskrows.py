@@ -21,7 +21,9 @@ WORKER_DEPTH = 2       # tasks a worker holds at once (one running, one queued);
 
 
 def apply_results(p: RowHost, b: Batch, lo: int, hi: int, out: list[tuple[int, str, Any]]) -> None:
-    """Put a task's results into ``b`` (results thread) and report its rows done."""
+    """Put a task's results into ``b`` (results thread) and report its rows done:
+    rows written (``"w"``), failed (``"e"``), sent back (``"s"``), or the whole
+    batch collated by the worker (``"c"``, one result for every row)."""
     if p.stopping:
         return
     for row, kind, payload in out:
@@ -34,6 +36,8 @@ def apply_results(p: RowHost, b: Batch, lo: int, hi: int, out: list[tuple[int, s
                 p.rows.place(b, row, payload)
             except BaseException as e:  # noqa: BLE001
                 p.rows.note_failure(b, row, b.indices[row], e)
+        elif kind == "c":
+            b.collated = payload  # the whole batch, collated in the worker
     del out, payload
     p.rows_done(b, lo, hi)
 
@@ -68,10 +72,12 @@ def batches_to_fill(n: int, workers: int, row_cost_s: float | None) -> int:
     return -(-max(1, workers) * WORKER_DEPTH * _full_task(n, row_cost_s) // n)
 
 
-def task_message(b: Batch, lo: int, hi: int, path: str | None) -> tuple[Any, ...]:
-    """What a worker gets for rows ``lo..hi`` of ``b`` (see ``worker.worker_main``)."""
+def task_message(b: Batch, lo: int, hi: int, path: str | None,
+                 collate: bool = False) -> tuple[Any, ...]:
+    """What a worker gets for rows ``lo..hi`` of ``b`` (see ``worker.worker_main``);
+    ``collate``: the worker collates them, if every row loads, and sends the batch."""
     return (list(range(lo, hi)), b.indices[lo:hi], path, b.layout if path is not None else None,
-            len(b.bufs[0]) if path is not None and b.bufs else 0)
+            len(b.bufs[0]) if path is not None and b.bufs else 0, collate)
 
 
 def rows_to_threads(p: RowHost, b: Batch, spans: list[tuple[int, int]]) -> None:

@@ -183,13 +183,16 @@ class _Tasks:
 
 
 def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
-                 base_seed: int, tasks: Any, results: Any, owner: int) -> None:
-    """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows, forget,
-    epoch)`` in (pickled, over its own task pipe), one ``(task_id, worker_id, out,
-    seconds the rows took)`` back per task; ``None`` (or the pipe closed) ends it,
-    between two rows too: a task the loader dropped sends nothing back.
+                 base_seed: int, tasks: Any, results: Any, owner: int,
+                 collate: Any = None) -> None:
+    """A worker's loop: ``(task_id, rows, indices, path, layout, n_rows, collate_here,
+    forget, epoch)`` in (pickled, over its own task pipe), one ``(task_id, worker_id,
+    out, seconds the rows took)`` back per task; ``None`` (or the pipe closed) ends
+    it, between two rows too: a task the loader dropped sends nothing back.
     ``epoch``: an EpochAware dataset's epoch in the loader's process (None
-    otherwise), applied to this copy before its rows.
+    otherwise), applied to this copy before its rows.  ``collate_here``: the task
+    is a whole batch that ``collate`` (the user's ``collate_fn``) collates here
+    when every row loaded (:func:`_collated`).
 
     ``results`` is this worker's own pipe, written synchronously: a worker that dies
     (``os._exit``, a segfault, the OOM killer) between tasks leaves no half-written
@@ -230,7 +233,7 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
             continue
         if task is None:
             break
-        task_id, rows, indices, path, layout, n_rows, forget, epoch = task
+        task_id, rows, indices, path, layout, n_rows, collate_here, forget, epoch = task
         if epoch is not None and getattr(dataset, "epoch", epoch) != epoch:
             dataset.set_epoch(epoch)  # the loader's dataset moved on (EpochAware)
         target = _target(mapped, forget, path, layout, n_rows)
@@ -238,12 +241,36 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
         out = _run_rows(dataset, rows, indices, target, inbox)
         if inbox.stopped:
             break
+        batch = _collated(collate, rows, out) if collate_here and collate else None
         took, now = time.perf_counter() - t0, time.process_time()
-        results.send_bytes(dump_task(task_id, worker_id, out, (took, now - spent)))
+        data = None
+        if batch is not None:
+            try:
+                data = dumps_results((task_id, worker_id, [(rows[0], "c", batch[0])],
+                                      (took, now - spent)))
+            except Exception:  # noqa: BLE001 - it cannot travel: the rows go instead
+                data = None
+        results.send_bytes(data if data is not None
+                           else dump_task(task_id, worker_id, out, (took, now - spent)))
         spent = now
-        del out
+        del out, batch, data
     for r in mapped.values():
         r.close()
+
+
+def _collated(collate: Any, rows: list[int], out: list[tuple[int, str, Any]]
+              ) -> tuple[Any] | None:
+    """``(collate(samples),)`` for a task whose every row loaded and came back as a
+    sample; None where a row failed, or ``collate`` raised or returned None: the
+    rows then go to the loader's process, which collates them (and raises what it
+    raises there, at that batch, as it does for threads)."""
+    if len(out) != len(rows) or any(kind != "s" for _, kind, _ in out):
+        return None
+    try:
+        batch = collate([sample for _, _, sample in out])
+    except Exception:  # noqa: BLE001 - raised again where the rows are collated
+        return None
+    return None if batch is None else (batch,)
 
 
 def _target(mapped: dict[str, _Rows], forget: list[str], path: str | None, layout: Any,
