@@ -821,6 +821,10 @@ def collate_records(samples):
     return {"x": torch.stack([s["x"] for s in samples]), "ids": ids, "pid": os.getpid()}
 
 
+def collate_plain(samples):
+    return {"x": torch.stack([s["x"] for s in samples]), "ids": [s["id"] for s in samples]}
+
+
 def _content(batches):
     return [(b["x"].tolist(), b["ids"]) for b in batches]
 
@@ -882,3 +886,28 @@ def test_a_collate_fn_that_cannot_travel_to_spawned_workers_runs_here():
         assert al._exec.stage.collate is None
     assert _content(got) == _content(DataLoader(ds, batch_size=8, collate_fn=collate_records))
     assert all(b["pid"] == os.getpid() for b in got)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_the_hand_off_is_priced_on_what_the_workers_would_send(monkeypatch, on_error):
+    """Where workers would collate whole batches (a user's collate_fn, no skipping),
+    the chooser prices their hand-off on the first batch the pass collated, a row's
+    share of it; where they would send rows, on the rows."""
+    from asyncfeed._engine.processes import transport
+    seen: list[list] = []
+    real = transport.travel_cost
+
+    def travel_cost(samples, budget_s=float("inf")):
+        seen.append(list(samples))
+        return real(samples, budget_s)
+    monkeypatch.setattr(transport, "travel_cost", travel_cost)
+    with AsyncLoader(Records(2048), batch_size=8, collate_fn=collate_plain,
+                     on_error=on_error) as al:
+        list(al)
+        handoff = al._chooser.record.handoff
+    assert len(seen) == 1 and handoff is not None, seen
+    if on_error == "raise":
+        (batch,) = seen[0]
+        assert batch["ids"] == [f"r{i}" for i in range(8)]     # the first batch, collated
+    else:
+        assert [s["id"] for s in seen[0]] == ["r0", "r1", "r2", "r3"]  # its first rows

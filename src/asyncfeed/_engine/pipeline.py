@@ -35,6 +35,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from .._errors import LoaderClosedError
@@ -64,6 +65,15 @@ __all__ = ["Pipeline"]
 #: rows of a collated batch sent through the workers' pickler to price their hand-off:
 #: the cheapest of a few bounds it (see ``transport.travel_cost``)
 _PROBE_ROWS = 4
+
+
+@dataclass(frozen=True)
+class _Collated:
+    """The first batch a pass collated, of ``rows`` rows: what a worker that collates
+    whole batches would send back (``Pipeline.handoff``)."""
+
+    batch: Any
+    rows: int
 
 
 class Pipeline(BatchHandoff):
@@ -315,9 +325,11 @@ class Pipeline(BatchHandoff):
 
     def handoff(self, budget_s: float) -> Handoff | None:
         """What a row costs to travel back from a worker process: nothing where
-        workers write the pass's rows in place (its batches are ring batches);
-        else measured on the first rows of a batch this pass collated, within
-        ``budget_s`` of this thread's CPU.  None before one was, or for batches of
+        workers write the pass's rows in place (its batches are ring batches); a
+        row's share of a whole batch where workers collate the batches (a user's
+        ``collate_fn``: ``worker_collate``), measured on the first batch this pass
+        collated; else measured on that batch's first rows, within ``budget_s`` of
+        this thread's CPU.  None before one was, or for batches of
         ``__getitems__`` (see ``chooser.ExecutionControl``)."""
         mode = self._mode_for()
         if mode is BatchMode.RING:
@@ -325,6 +337,10 @@ class Pipeline(BatchHandoff):
         probe, self._probe = self._probe, ()
         if mode is not BatchMode.COLLATE or not probe:
             return None
+        if isinstance(probe[0], _Collated):
+            cost = transport.travel_cost([probe[0].batch])
+            return Handoff(cost[0] / probe[0].rows, cost[1] / probe[0].rows) \
+                if cost is not None and probe[0].rows else None
         cost = transport.travel_cost(
             [s for s in probe if s is not None and s is not WRITTEN], budget_s)
         return Handoff(*cost) if cost is not None else None
@@ -515,8 +531,10 @@ class Pipeline(BatchHandoff):
     def _assemble(self, b: Batch) -> None:
         """``b``'s rows made one host batch (``b.output``), its copy started; what
         that raises is ``b.error``.  Not once the pass is over (``b.error`` says so)."""
+        whole = False
         if self._probe is None and b.mode is BatchMode.COLLATE:
             self._probe = b.samples[:_PROBE_ROWS]
+            whole = self.worker_collate  # workers would send this batch, collated
         t = self.acct.begin()
         try:
             if b.deferred and b.error is None and not b.mismatch and not self.stopping:
@@ -527,6 +545,8 @@ class Pipeline(BatchHandoff):
                 pass  # a batch a resumed checkpoint had already taken
             elif b.error is None and not b.failures:
                 host = assemble(self.rows, b, self.collate, self.ring_ok)
+                if whole:
+                    self._probe = [_Collated(host, b.n)]
                 b.output, b.event = self.to_target(host)
         except BaseException as e:  # noqa: BLE001
             b.error = e

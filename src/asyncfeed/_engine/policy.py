@@ -73,8 +73,9 @@ The search, replayed from the record by :func:`decide` (a pure function):
    written in place), the loader's process reads each one back, holding the
    GIL: ``1 / unpickle_s`` rows a second at most, and each row costs its own
    CPU, its pickling and its unpickling on the cores left (``Record.handoff``,
-   measured on the pass's own rows before its first window); a choice within
-   the margin of that bound skips the duel too.
+   measured on the pass's own rows before its first window: a row's share of a
+   batch where the workers collate whole batches); a choice within the margin
+   of that bound skips the duel too.
    Where the worker count is the loader's own (no ``num_workers``), once the
    processes were measured (won or lost), duel twice the workers against the
    choice (*4b*), unless the choice's rate is within twice the margin of what
