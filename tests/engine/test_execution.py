@@ -911,3 +911,53 @@ def test_the_hand_off_is_priced_on_what_the_workers_would_send(monkeypatch, on_e
         assert batch["ids"] == [f"r{i}" for i in range(8)]     # the first batch, collated
     else:
         assert [s["id"] for s in seen[0]] == ["r0", "r1", "r2", "r3"]  # its first rows
+
+
+# ------------------------------------------------------- shared memory running out
+def test_a_full_shared_memory_file_system_sends_the_batches_to_threads(monkeypatch):
+    """Where no buffer set can be made (the file system of /dev/shm is full: the
+    reservation fails), the batches go to the threads: the same batches, nothing
+    left behind, no worker touching memory that is not there."""
+    from asyncfeed._engine.processes import shm as shm_mod
+
+    def full(fd, offset, size):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(shm_mod.os, "posix_fallocate", full, raising=False)
+    ds = TupleFixed(96)
+    with AsyncLoader(ds, batch_size=8, execution="processes", num_workers=2) as al:
+        got = list(al)
+        report = al.stats().execution
+    assert_same_batches(got, list(DataLoader(ds, batch_size=8)))
+    assert report.mode is Mode.THREADS and report.processes_skipped is Reason.UNAVAILABLE, \
+        report
+
+
+def test_the_batches_in_flight_fit_in_half_the_free_shared_memory(monkeypatch):
+    """Workers are kept in batches only as far as their buffer sets fit in half
+    the free space of the shared-memory file system."""
+    from asyncfeed._engine.processes import shm as shm_mod
+    from asyncfeed._memory.layout import Layout
+    stage = processes.ProcessStage(TupleFixed(8), 16, None, None, 0, 2)
+    try:
+        layout = Layout.infer(TupleFixed(8)[0])
+        assert layout is not None
+        stage.take(layout, 8)  # one set made and kept: the layout is known
+        _, size = shm_mod.segment_plan(layout, 8)
+        cost = RowCost()
+        cost.cpu_s = cost.wall_s = 1e-5
+        want = taskrows.batches_to_fill(8, 16, 1e-5)
+        assert want == 32
+        free = {"bytes": 10 * 2 * size}   # half of it holds 10 sets
+
+        class Stat:
+            f_frsize = 1
+
+            @property
+            def f_bavail(self):
+                return free["bytes"]
+        monkeypatch.setattr(shm_mod.os, "statvfs", lambda path: Stat())
+        assert stage.fill(8, cost) == 1 + 10 - 2      # the kept set and 10 more, less 2
+        free["bytes"] = 10 ** 12
+        assert stage.fill(8, cost) == want
+    finally:
+        stage.close()

@@ -178,9 +178,10 @@ class Pipeline(BatchHandoff):
 
         Under worker processes, where ``prefetch`` is the default and no device
         copy's ring of ``prefetch`` slots holds the batches: as many as keep every
-        worker's tasks full (``ProcessStage.fill``; at most ``MOST_AHEAD``).
-        Sized for threads, the default left 16 workers on 16 cores waiting for
-        the next batch to be planned; DataLoader keeps ``2 x num_workers``.
+        worker's tasks full (``ProcessStage.fill``; at most ``MOST_AHEAD``): the
+        default gives each thread a few rows, while a worker's task carries about
+        ``PROCESS_TASK_S`` of rows and a round trip through pipes, so each worker
+        needs its next task waiting (DataLoader keeps ``2 x num_workers`` batches).
         """
         ahead = self.taken > 0 or self.use_fetch or not self.in_order \
             or (self.stage is not None and self.layouts.decided)

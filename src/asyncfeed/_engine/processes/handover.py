@@ -24,7 +24,10 @@ def submit_batch(p: RowHost, stage: ProcessStage, b: Batch) -> bool:
     if b.mode is BatchMode.RING and b.slot is None:
         if b.bufs is None:
             assert b.layout is not None  # a ring batch's layout is known
-            bufs, path = stage.take(b.layout, max(b.n, p.batch_size or b.n))
+            try:
+                bufs, path = stage.take(b.layout, max(b.n, p.batch_size or b.n))
+            except OSError:  # no shared memory left: the threads take the batch
+                return False
             b.views = b.layout.numpy_views(bufs)
             b.bufs = bufs
         else:

@@ -43,11 +43,21 @@ def segment_plan(layout: Layout, rows: int) -> tuple[list[tuple[int, int] | None
 
 
 def open_segment(path: str, size: int, create: bool) -> mmap.mmap:
+    """The segment at ``path`` mapped (made, ``size`` bytes, with ``create``).  Made,
+    its pages are reserved first where the system can (``posix_fallocate``): a full
+    shared-memory file system is then an ``OSError`` here (and no file is left),
+    not a SIGBUS in the worker that first writes a row."""
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
     fd = os.open(path, flags, 0o600)
     try:
         if create:
-            os.ftruncate(fd, size)
+            try:
+                os.ftruncate(fd, size)
+                if size and hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, size)
+            except OSError:
+                os.unlink(path)
+                raise
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
@@ -141,6 +151,23 @@ class ShmBuffers:
         # a PID is reused: a token keeps a dead loader's files (same PID) out of the way
         self._prefix = f"asyncfeed-{os.getpid()}-{secrets.token_hex(4)}-"
         self._lease: int | None = None   # fd of the flock'ed lease (see remove_segments)
+
+    def room(self) -> int | None:
+        """Buffer sets of the current layout that the sets kept and half the free
+        space of the shared-memory file system hold (None before a layout is
+        known): what more batches in flight may take, leaving the rest to others."""
+        with self._lock:
+            if self._layout is None:
+                return None
+            _, size = segment_plan(self._layout, self._rows)
+            kept = len(self._kept)
+        if size <= 0:
+            return None
+        try:
+            st = os.statvfs(_shm_dir())
+        except OSError:  # pragma: no cover - no such file system: no bound known
+            return None
+        return kept + st.f_bavail * st.f_frsize // 2 // size
 
     def reserve(self, sets: int) -> None:
         """Keep up to ``sets`` buffer sets for reuse (never fewer than before)."""

@@ -219,8 +219,8 @@ class ProcessStage:
                 self._backlog.append((tid, path))
                 return True
             forget = self._assign(tid, p, b, lo, hi, wid)
-        if not self._send(wid, tid, task_message(b, lo, hi, path, self.collates(p, b, lo, hi, path)),
-                          forget):
+        msg = task_message(b, lo, hi, path, self.collates(p, b, lo, hi, path))
+        if not self._send(wid, tid, msg, forget):
             with self._lock:
                 self._pending.pop(tid, None)
                 self._held[wid] -= 1
@@ -263,9 +263,13 @@ class ProcessStage:
 
     def fill(self, n: int, cost: RowCost | None) -> int:
         """Batches of ``n`` rows in flight that keep every worker's tasks full
-        (``batches_to_fill``); the stage keeps that many shared-memory sets (and
-        two more: the batch the consumer holds, the one it returns) for reuse."""
+        (``batches_to_fill``), as far as the shared-memory sets they take fit in
+        half the free space (``ShmBuffers.room``); the stage keeps that many sets
+        (and two more: the batch the consumer holds, the one it returns) for reuse."""
         ahead = batches_to_fill(n, self.num_workers, self.row_cost(cost))
+        room = self.buffers.room()
+        if room is not None:  # and no more than half the free shared memory holds
+            ahead = max(1, min(ahead, room - 2))
         self.buffers.reserve(ahead + 2)
         return ahead
 
