@@ -615,6 +615,7 @@ def test_a_task_for_a_worker_holds_about_fifty_ms_of_rows(n, workers, row_cost, 
     (32, 16, 0.003, 17),     # 3 ms rows: 17-row tasks, 34 rows a worker
     (128, 2, 0.00016, 4),
     (32, 96, 0.2, 6),        # dear rows: one a task, two a worker
+    (64, 96, 25e-6, 192),    # tiny rows on 96 workers: two batches a worker, uncapped
     (32, 16, None, 1),       # nothing measured yet
 ])
 def test_the_batches_in_flight_fill_every_workers_tasks(n, workers, row_cost, expect):
@@ -656,7 +657,7 @@ def test_worker_processes_keep_as_many_batches_in_flight_as_fill_them(monkeypatc
         bound = al.prefetch
     if prefetch is None:
         # 8 cheap rows a batch: a task is the batch, and each worker holds two
-        assert bound < max(seen) <= 64 and max(seen) >= 2 * 2, (max(seen), bound)
+        assert bound < max(seen) == 2 * taskrows.WORKER_DEPTH, (max(seen), bound)
     else:
         assert max(seen) == bound == 2
 

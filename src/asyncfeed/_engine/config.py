@@ -101,9 +101,6 @@ def _seed_beside(seed: int | None, generator: torch.Generator | None,
     return None
 
 
-MOST_AHEAD = 64  # batches a default keeps in flight at most (threads or worker processes)
-
-
 def default_prefetch(batch_size: int | None, num_threads: int, use_fetch: bool,
                      io_concurrency: int) -> int:
     """Batches loaded ahead by default: enough rows in flight for every thread."""
@@ -114,7 +111,7 @@ def default_prefetch(batch_size: int | None, num_threads: int, use_fetch: bool,
     want = 4 * num_threads
     if use_fetch:
         want = max(want, io_concurrency)
-    return max(2, min(MOST_AHEAD, math.ceil(want / per_batch) + 1))
+    return max(2, min(64, math.ceil(want / per_batch) + 1))
 
 
 def make_config(*, batch_size: int | None, shuffle: bool | None, drop_last: bool,

@@ -92,7 +92,8 @@ class AsyncLoader(Generic[T_co]):
     - ``io_concurrency``: reads in flight on the event loop (default 64).
     - ``prefetch``: batches loaded ahead of the consumer (default: enough to keep
       every thread busy, at least 2; while worker processes run the rows with no
-      device copy, enough to keep every worker busy, at most 64).  A given
+      device copy, enough to keep every worker busy: at most two a worker, and
+      what half the free shared memory holds).  A given
       ``prefetch`` bounds memory: twice as many while the
       batch the consumer waits for still waits for a read on the event loop (no
       device copy), so a retried read does not leave the threads idle.

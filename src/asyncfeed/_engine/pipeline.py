@@ -46,7 +46,6 @@ from .assemble import assemble
 from .batch import WRITTEN, Batch, BatchMode
 from .capabilities import Capabilities
 from .completions import Completions
-from .config import MOST_AHEAD
 from .executors import Executors, RowExecutor
 from .fetching import FetchStage
 from .handoff import BatchHandoff, BatchMemory, PassConfig
@@ -178,10 +177,12 @@ class Pipeline(BatchHandoff):
 
         Under worker processes, where ``prefetch`` is the default and no device
         copy's ring of ``prefetch`` slots holds the batches: as many as keep every
-        worker's tasks full (``ProcessStage.fill``; at most ``MOST_AHEAD``): the
-        default gives each thread a few rows, while a worker's task carries about
-        ``PROCESS_TASK_S`` of rows and a round trip through pipes, so each worker
-        needs its next task waiting (DataLoader keeps ``2 x num_workers`` batches).
+        worker's tasks full (``ProcessStage.fill``).  The default gives each thread
+        a few rows, while a worker's task carries about ``PROCESS_TASK_S`` of rows
+        and a round trip through pipes, so each worker needs its next task waiting.
+        That is at most ``WORKER_DEPTH`` batches a worker (a task is at most a
+        batch), as DataLoader keeps ``prefetch_factor=2`` a worker, and no more
+        shared-memory buffer sets than half the free space holds.
         """
         ahead = self.taken > 0 or self.use_fetch or not self.in_order \
             or (self.stage is not None and self.layouts.decided)
@@ -193,8 +194,7 @@ class Pipeline(BatchHandoff):
         stage = self.stage
         if stage is not None and not self.config.prefetch_given and self.copy is None \
                 and self.batch_size:
-            return max(self.prefetch, min(MOST_AHEAD, stage.fill(self.batch_size,
-                                                                  self.row_cost)))
+            return max(self.prefetch, stage.fill(self.batch_size, self.row_cost))
         return self.prefetch
 
     def _room(self) -> bool:
