@@ -69,18 +69,20 @@ def resolve_context(context: Any) -> Any:
 
 
 
-def _travels(collate: Callable[[list[Any]], Any] | None, context: Any) -> bool:
-    """Whether ``collate`` can go to the workers: inherited by a fork; pickled by
-    the other start methods (a lambda cannot be: its batches are collated here)."""
+def _travels(collate: Callable[[list[Any]], Any] | None, ctx: Any) -> bool:
+    """Whether ``collate`` can go to workers started by ``ctx``: inherited by a fork;
+    pickled by the other start methods (a lambda cannot be: its batches are
+    collated here)."""
     if collate is None:
         return False
-    if resolve_context(context).get_start_method() == "fork":
+    if ctx.get_start_method() == "fork":
         return True
     try:
         pickle.dumps(collate)
     except Exception:  # noqa: BLE001 - any pickling failure: collated here
         return False
     return True
+
 
 class ProcessStage:
     """``num_workers`` worker processes running ``dataset[index]`` for the pipeline."""
@@ -89,11 +91,11 @@ class ProcessStage:
                  worker_init_fn: Callable[[int], None] | None, base_seed: int,
                  capacity: int, collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.dataset = dataset
-        # the loader's own collate_fn, run by the workers on whole batches that come
-        # back pickled (see collates); None where they cannot have it
-        self.collate = collate if _travels(collate, context) else None
         self.num_workers = max(1, num_workers)
         self.ctx = resolve_context(context)
+        # the loader's own collate_fn, run by the workers on whole batches that come
+        # back pickled (see collates); None where they cannot have it
+        self.collate = collate if _travels(collate, self.ctx) else None
         self.worker_init_fn = worker_init_fn
         self.base_seed = base_seed
         self.buffers = ShmBuffers(capacity)

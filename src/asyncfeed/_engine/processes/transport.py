@@ -133,10 +133,17 @@ def rebuild(payload: tuple[bytes | None, str, list[str]]) -> BaseException:
 
 
 def dump_task(task_id: int, worker_id: int, out: list[tuple[int, str, Any]],
-               took: tuple[float, float]) -> memoryview:
+               took: tuple[float, float], batch: Any = None) -> memoryview:
     """A task's results and what it took (wall and CPU seconds in the worker),
-    pickled (:func:`dumps_results`); a sample that cannot be pickled fails its row
-    (an :class:`AsyncFeedError` naming why), not the worker."""
+    pickled (:func:`dumps_results`): ``batch`` (the task's rows collated, one
+    ``"c"`` result) where given and it pickles, else the rows; a sample that
+    cannot be pickled fails its row (an :class:`AsyncFeedError` naming why), not
+    the worker."""
+    if batch is not None and out:
+        try:
+            return dumps_results((task_id, worker_id, [(out[0][0], "c", batch)], took))
+        except Exception:  # noqa: BLE001 - it cannot travel: the rows go instead
+            pass
     try:
         return dumps_results((task_id, worker_id, out, took))
     except Exception:  # noqa: BLE001 - find the rows that cannot go

@@ -243,34 +243,24 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
             break
         batch = _collated(collate, rows, out) if collate_here and collate else None
         took, now = time.perf_counter() - t0, time.process_time()
-        data = None
-        if batch is not None:
-            try:
-                data = dumps_results((task_id, worker_id, [(rows[0], "c", batch[0])],
-                                      (took, now - spent)))
-            except Exception:  # noqa: BLE001 - it cannot travel: the rows go instead
-                data = None
-        results.send_bytes(data if data is not None
-                           else dump_task(task_id, worker_id, out, (took, now - spent)))
+        results.send_bytes(dump_task(task_id, worker_id, out, (took, now - spent), batch))
         spent = now
-        del out, batch, data
+        del out, batch
     for r in mapped.values():
         r.close()
 
 
-def _collated(collate: Any, rows: list[int], out: list[tuple[int, str, Any]]
-              ) -> tuple[Any] | None:
-    """``(collate(samples),)`` for a task whose every row loaded and came back as a
+def _collated(collate: Any, rows: list[int], out: list[tuple[int, str, Any]]) -> Any:
+    """``collate(samples)`` for a task whose every row loaded and came back as a
     sample; None where a row failed, or ``collate`` raised or returned None: the
     rows then go to the loader's process, which collates them (and raises what it
     raises there, at that batch, as it does for threads)."""
     if len(out) != len(rows) or any(kind != "s" for _, kind, _ in out):
         return None
     try:
-        batch = collate([sample for _, _, sample in out])
+        return collate([sample for _, _, sample in out])
     except Exception:  # noqa: BLE001 - raised again where the rows are collated
         return None
-    return None if batch is None else (batch,)
 
 
 def _target(mapped: dict[str, _Rows], forget: list[str], path: str | None, layout: Any,
