@@ -84,6 +84,18 @@ def test_a_region_is_the_whole_decode_cut(region_library, name, raw, k):
         assert np.array_equal(got, full[y0:y1, x0:x1]), (name, k, y0, y1, x0, x1)
 
 
+def test_only_the_decode_lets_go_of_the_gil(region_library):
+    """The decode call releases the GIL, so decode threads run side by side; the calls
+    that take a microsecond keep it (each release would let a thread running Python
+    take the GIL, and taking it back waits for that thread): ``ctypes.PyDLL``'s
+    functions carry the Python-API flag, ``ctypes.CDLL``'s do not."""
+    lib = jpegregion._library()
+    keep = {name for name in jpegregion._SIGNATURES
+            if getattr(lib, name)._flags_ & ctypes._FUNCFLAG_PYTHONAPI}
+    assert keep == set(jpegregion._SIGNATURES) - {"tj3Decompress8"}
+    assert jpegregion.RELEASING == {"tj3Decompress8"}
+
+
 def test_the_margin_is_what_makes_the_edges_right(region_library, monkeypatch):
     """Asking the library for the region itself, without the margin, changes the
     outermost columns of a 4:2:0 image (the upsampler replicates the crop's edge):

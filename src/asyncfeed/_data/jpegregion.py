@@ -9,8 +9,14 @@ benchmark's ImageNet-like photos at the windows of torchvision's algorithm this
 takes about a quarter off the decode (``docs/augmentation.md`` has the figures and
 the command).  No maintained Python binding exposes that call (simplejpeg,
 PyTurboJPEG, Pillow, OpenCV and torchvision decode whole images), so this module
-binds the few TurboJPEG 3 functions it needs with ``ctypes``, which releases the
-GIL around every foreign call: decode threads run side by side as with simplejpeg.
+binds the few TurboJPEG 3 functions it needs with ``ctypes``.  The decode itself
+lets go of the GIL (``ctypes.CDLL``): decode threads run side by side as with
+simplejpeg.  The calls that take a microsecond (the header, the parameters) keep
+it (``ctypes.PyDLL``): each release lets a waiting thread take the GIL, and taking
+it back waits until that thread lets go -- behind a thread running Python, a
+switch interval (5 ms) -- so nine releases an image for microseconds of work cost
+far more than they free (``bench/gil_releases.py`` measures it; the figures are in
+``docs/augmentation.md``).
 
 The library is looked for, once, in the ``turbojpeg`` distribution (the
 ``asyncfeed[turbo]`` extra: its wheels carry libjpeg-turbo 3), then as the
@@ -39,6 +45,7 @@ import ctypes
 import functools
 import re
 import threading
+import types
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -103,24 +110,33 @@ def _candidates() -> list[str]:
     return out
 
 
-def _bind(lib: Any) -> Any:
-    """``lib`` with the signatures of the functions used declared; AttributeError
-    when it lacks one (a TurboJPEG 2 library)."""
-    c_int, c_void_p, c_size_t = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
-    sigs: dict[str, tuple[list[Any], Any]] = {
-        "tj3Init": ([c_int], c_void_p),
-        "tj3Destroy": ([c_void_p], None),
-        "tj3Set": ([c_void_p, c_int, c_int], c_int),
-        "tj3Get": ([c_void_p, c_int], c_int),
-        "tj3DecompressHeader": ([c_void_p, ctypes.c_char_p, c_size_t], c_int),
-        "tj3SetScalingFactor": ([c_void_p, _ScalingFactor], c_int),
-        "tj3SetCroppingRegion": ([c_void_p, _Region], c_int),
-        "tj3Decompress8": ([c_void_p, ctypes.c_char_p, c_size_t, c_void_p, c_int, c_int],
-                           c_int),
-    }
-    for name, (args, res) in sigs.items():
-        fn = getattr(lib, name)
+#: the functions used and their signatures
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    "tj3Init": ([ctypes.c_int], ctypes.c_void_p),
+    "tj3Destroy": ([ctypes.c_void_p], None),
+    "tj3Set": ([ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_int),
+    "tj3Get": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int),
+    "tj3DecompressHeader": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int),
+    "tj3SetScalingFactor": ([ctypes.c_void_p, _ScalingFactor], ctypes.c_int),
+    "tj3SetCroppingRegion": ([ctypes.c_void_p, _Region], ctypes.c_int),
+    "tj3Decompress8": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,
+                        ctypes.c_int, ctypes.c_int], ctypes.c_int),
+}
+#: the calls that let go of the GIL: the one that does the work (see the module docstring)
+RELEASING = frozenset({"tj3Decompress8"})
+
+
+def _bind(name: str, releasing: frozenset[str] = RELEASING) -> Any:
+    """The library ``name`` with the functions of ``_SIGNATURES`` bound: those in
+    ``releasing`` let go of the GIL during the call, the others keep it.  OSError
+    when it does not load, AttributeError when it lacks a function (a TurboJPEG 2
+    library)."""
+    free, held = ctypes.CDLL(name), ctypes.PyDLL(name)
+    lib = types.SimpleNamespace(name=name)
+    for fname, (args, res) in _SIGNATURES.items():
+        fn = getattr(free if fname in releasing else held, fname)
         fn.argtypes, fn.restype = args, res
+        setattr(lib, fname, fn)
     return lib
 
 
@@ -129,7 +145,7 @@ def _library() -> Any | None:
     """The bound TurboJPEG 3 library, or None where there is none (looked for once)."""
     for name in _candidates():
         try:
-            return _bind(ctypes.CDLL(name))
+            return _bind(name)
         except (OSError, AttributeError):
             continue
     return None
