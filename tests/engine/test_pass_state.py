@@ -87,6 +87,39 @@ def test_a_closed_pass_wakes_its_waiter():
         gate.set()
 
 
+class FirstBatchTail:
+    """Sequential rows; the first batch's last row (``hold``) waits until a row of a
+    later batch has started (at most ``wait_s``), and notes whether one did."""
+
+    def __init__(self, n: int, hold: int, wait_s: float = 10.0) -> None:
+        self.n, self.hold, self.wait_s = n, hold, wait_s
+        self.later_started = threading.Event()
+        self.overlapped: bool | None = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i > self.hold:
+            self.later_started.set()
+        elif i == self.hold:
+            self.overlapped = self.later_started.wait(self.wait_s)
+        return torch.full((3,), i, dtype=torch.int64), i
+
+
+@pytest.mark.timeout(60)
+def test_the_next_batches_are_planned_once_the_first_rows_know_the_layout():
+    """A pass plans the batches after its first as soon as the first rows have read
+    the layout, not once the consumer has taken the first batch: a thread that has
+    no row of the first batch left runs the next batch's rows meanwhile (here the
+    first batch's last row waits for that), and every batch still comes in order."""
+    ds = FirstBatchTail(16, hold=3)
+    with AsyncLoader(ds, batch_size=4, num_threads=2, prefetch=2) as al:
+        got = [b[1].tolist() for b in al]
+    assert ds.overlapped is True
+    assert got == [[4 * k + j for j in range(4)] for k in range(4)]
+
+
 def test_iterable_pass_state():
     with AsyncLoader(Count(), batch_size=4, num_threads=2) as al:
         it = iter(al)

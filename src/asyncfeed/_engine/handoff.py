@@ -115,6 +115,9 @@ class BatchHandoff:
         # and the hand-over of the GIL to it (see _mark_ready)
         self._awaited: int | None = None
         self._call: Callable[[], None] | None = None  # see call_waiting
+        # (under cond) more batches may be planned now: a thread made room while the
+        # consumer waits (a pass's first row decided the layout); it plans them
+        self.refill = False
         self.inline = False  # the consumer runs queued tasks while it waits (Mode.INLINE)
         # past the pass's start: the consumer waited for a batch after its first, or the
         # ready batches filled the credit (before, the producer fills the credit at
@@ -211,6 +214,10 @@ class BatchHandoff:
             while True:
                 due = self._unlocked(self.tick)
                 if self._call is not None and self._unlocked(self._run_call):
+                    continue
+                if self.refill:
+                    self.refill = False
+                    self._unlocked(self.top_up)
                     continue
                 if k is not None:
                     if k in self.ready:

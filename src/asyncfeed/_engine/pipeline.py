@@ -121,6 +121,7 @@ class Pipeline(BatchHandoff):
         # rows loaded or failed so far (under cond), as the chooser reads them: at
         # batch completions where a batch's reads go out together on the event loop
         self.completions = Completions(per_batch=caps.use_fetch)
+        self._ahead_known = layouts.decided  # (cond) see rows_done
         self.rows_cpu_s = 0.0       # CPU the rows took in this process's threads (cond)
         self.workers_cpu_s = 0.0    # CPU they took in worker processes (the results thread)
         # the first rows of a collated batch, for what rows cost to travel back from
@@ -155,18 +156,18 @@ class Pipeline(BatchHandoff):
     def ahead(self) -> int:
         """How many batches may be outstanding now.
 
-        One until the consumer has taken the pass's first batch: that batch gets
-        every thread (no later batch competes with its last samples for the
-        cores), and by then its samples have shown whether batches can be
-        written in place, so the batches after it are.  With reads on the event
-        loop, latency matters more than cores: every batch's reads start at once
-        (those planned before the layout was known are collated into buffers).
-        Out of order (``in_order=False``) too: a slow first batch must not hold
-        back the others, which is what out-of-order delivery is for.  And once a
-        process stage runs with the layout known: each worker takes its tasks in
-        order, so later batches do not compete with the first one's rows, and are
-        written in place; with one batch ahead, the workers would wait between
-        finishing the first batch's rows and the consumer planning the next ones.
+        One until the layout is known (the pass's first rows read it off their
+        sample, ``rows_done`` then has the waiting consumer plan the rest; a later
+        pass of the loader knows it from the start), or the consumer has taken the
+        first batch: the batches after it are then written in place.  Planned
+        later, their tasks queue behind the first batch's (threads and workers
+        take tasks in order), so they do not compete with its rows; they take a
+        thread that would otherwise wait for the first batch's last rows, and
+        their rows are under way while the consumer takes it.  With reads on the
+        event loop, latency matters more than cores: every batch's reads start
+        at once (those planned before the layout was known are collated into
+        buffers).  Out of order (``in_order=False``) too: a slow first batch must
+        not hold back the others, which is what out-of-order delivery is for.
 
         Twice ``prefetch`` while the batch the consumer waits for (in order; no
         device copy, whose slot ring has ``prefetch`` slots) still waits for a
@@ -184,8 +185,7 @@ class Pipeline(BatchHandoff):
         batch), as DataLoader keeps ``prefetch_factor=2`` a worker, and no more
         shared-memory buffer sets than half the free space holds.
         """
-        ahead = self.taken > 0 or self.use_fetch or not self.in_order \
-            or (self.stage is not None and self.layouts.decided)
+        ahead = self.taken > 0 or self.use_fetch or not self.in_order or self.layouts.decided
         if not ahead:
             return 1
         if self.readahead is not None and self.in_order and self.copy is None \
@@ -517,6 +517,11 @@ class Pipeline(BatchHandoff):
             last = b.remaining == 0
             self.completions.count(hi - lo, batch_done=last)
             self.rows_cpu_s += cpu
+            if not self._ahead_known and self.layouts.decided:
+                # the first rows decided the layout: the consumer, waiting for the
+                # first batch, plans the batches after it now (see ahead)
+                self._ahead_known = self.refill = True
+                self.cond.notify_all()
         if last:
             self.complete(b)
 
