@@ -889,6 +889,40 @@ def test_a_collate_fn_that_cannot_travel_to_spawned_workers_runs_here():
     assert all(b["pid"] == os.getpid() for b in got)
 
 
+class GatedRecords(Records):
+    """Records whose rows wait until ``go`` is set."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.go = threading.Event()
+
+    def __getitem__(self, i: int):
+        assert self.go.wait(30)
+        return super().__getitem__(i)
+
+
+def test_the_hand_off_is_not_priced_on_rows_while_its_batch_is_collated():
+    """Batches complete side by side: while the first collated batch is still being
+    collated (workers would send it whole), the hand-off is not known yet -- it is
+    never priced on that batch's rows instead."""
+    ds = GatedRecords(64)
+    seen: list = []
+    live: dict = {}
+
+    def collate(samples):
+        if not seen:
+            seen.append(live["pass"].handoff(1.0))  # read as the chooser reads it
+        return collate_plain(samples)
+    with AsyncLoader(ds, batch_size=8, collate_fn=collate) as al:  # the chooser measures
+        it = iter(al)
+        live["pass"] = it._p
+        ds.go.set()
+        got = list(it)
+    assert seen == [None]
+    assert _content(got) == _content(DataLoader(Records(64), batch_size=8,
+                                                collate_fn=collate_plain))
+
+
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_the_hand_off_is_priced_on_what_the_workers_would_send(monkeypatch, on_error):
     """Where workers would collate whole batches (a user's collate_fn, no skipping),

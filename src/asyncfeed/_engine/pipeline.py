@@ -335,7 +335,8 @@ class Pipeline(BatchHandoff):
         mode = self._mode_for()
         if mode is BatchMode.RING:
             return Handoff.IN_PLACE
-        probe, self._probe = self._probe, ()
+        with self.cond:
+            probe, self._probe = self._probe, ()
         if mode is not BatchMode.COLLATE or not probe:
             return None
         if isinstance(probe[0], _Collated):
@@ -537,10 +538,11 @@ class Pipeline(BatchHandoff):
     def _assemble(self, b: Batch) -> None:
         """``b``'s rows made one host batch (``b.output``), its copy started; what
         that raises is ``b.error``.  Not once the pass is over (``b.error`` says so)."""
-        whole = False
-        if self._probe is None and b.mode is BatchMode.COLLATE:
-            self._probe = b.samples[:_PROBE_ROWS]
-            whole = self.worker_collate  # workers would send this batch, collated
+        # the first collated batch prices a worker's hand-off (see handoff): its first
+        # rows, or the whole batch where workers would send it collated; kept once
+        # complete, so the chooser never reads rows where a batch was meant
+        probe: list[Any] | None = b.samples[:_PROBE_ROWS] \
+            if self._probe is None and b.mode is BatchMode.COLLATE else None
         t = self.acct.begin()
         try:
             if b.deferred and b.error is None and not b.mismatch and not self.stopping:
@@ -551,10 +553,14 @@ class Pipeline(BatchHandoff):
                 pass  # a batch a resumed checkpoint had already taken
             elif b.error is None and not b.failures:
                 host = assemble(self.rows, b, self.collate, self.ring_ok)
-                if whole:
-                    self._probe = [_Collated(host, b.n)]
+                if probe is not None and self.worker_collate:
+                    probe = [_Collated(host, b.n)]
                 b.output, b.event = self.to_target(host)
         except BaseException as e:  # noqa: BLE001
             b.error = e
+        if probe is not None:
+            with self.cond:
+                if self._probe is None:  # batches assembling side by side: the first done
+                    self._probe = probe
         if b.n:
             self.acct.end(ASSEMBLE, t)
