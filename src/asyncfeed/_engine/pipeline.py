@@ -340,7 +340,9 @@ class Pipeline(BatchHandoff):
         if mode is not BatchMode.COLLATE or not probe:
             return None
         if isinstance(probe[0], _Collated):
-            cost = transport.travel_cost([probe[0].batch])
+            # the least of two trips: the first pays the pickler's first use (about
+            # four times a later trip's CPU for the text outcome set's batch)
+            cost = transport.travel_cost([probe[0].batch] * 2)
             return Handoff(cost[0] / probe[0].rows, cost[1] / probe[0].rows) \
                 if cost is not None and probe[0].rows else None
         cost = transport.travel_cost(
