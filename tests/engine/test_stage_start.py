@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 from torch.utils.data import DataLoader
 
+from asyncfeed._engine.pipeline import Pipeline
 from asyncfeed import AsyncLoader
 from asyncfeed._engine import processes
 from asyncfeed._engine.processes import execution, handover, shm
@@ -509,6 +510,14 @@ def test_a_stage_started_in_the_first_batch_gets_the_next_batches_at_once(monkey
         return ok
 
     monkeypatch.setattr(processes.ProcessStage, "submit", spy)
+    planned: dict[int, tuple[int, bool]] = {}  # batch -> (batches taken then, stage running)
+    real_plan = Pipeline._submit
+
+    def plan_spy(self, b):
+        planned[b.k] = (self.taken, self.stage is not None)
+        return real_plan(self, b)
+
+    monkeypatch.setattr(Pipeline, "_submit", plan_spy)
     bs = 8
     ds = SwitchAtRow(10 * bs, trigger=4)  # in batch 0, after its first rows
     # two threads: one-row tasks, so the layout is known from the first row on
@@ -521,6 +530,9 @@ def test_a_stage_started_in_the_first_batch_gets_the_next_batches_at_once(monkey
     # batch 0's rows still queued for the threads when the stage started go to it
     # too (taken over, pickled: that batch's buffers are not in shared memory)
     assert all(path is None for k, _, path in sent if k == 0), sent
-    early = sorted({k for k, taken, _ in sent if taken == 0 and k > 0})
-    assert early == [1, 2, 3], sent   # prefetch 4: batch 0 and three more
-    assert all(path is not None for k, _, path in sent if k >= 1), sent
+    # prefetch 4: batch 0 and three more planned before the first is taken (the layout
+    # is known from the first row), under the threads or the stage, whichever ran then
+    assert [k for k, (taken, _) in sorted(planned.items()) if taken == 0] == [0, 1, 2, 3], planned
+    # batches planned with the stage running go to shared memory
+    assert any(running for _, running in planned.values()), planned
+    assert all(path is not None for k, _, path in sent if k >= 1 and planned[k][1]), sent
