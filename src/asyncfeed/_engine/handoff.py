@@ -114,10 +114,7 @@ class BatchHandoff:
         # the batch the consumer is blocked waiting for (-1: any; None: not waiting),
         # and the hand-over of the GIL to it (see _mark_ready)
         self._awaited: int | None = None
-        self._call: Callable[[], None] | None = None  # see call_waiting
-        # (under cond) more batches may be planned now: a thread made room while the
-        # consumer waits (a pass's first row decided the layout); it plans them
-        self.refill = False
+        self._calls: list[Callable[[], None]] = []  # see call_waiting
         self.inline = False  # the consumer runs queued tasks while it waits (Mode.INLINE)
         # past the pass's start: the consumer waited for a batch after its first, or the
         # ready batches filled the credit (before, the producer fills the credit at
@@ -213,11 +210,8 @@ class BatchHandoff:
         with self.cond:
             while True:
                 due = self._unlocked(self.tick)
-                if self._call is not None and self._unlocked(self._run_call):
-                    continue
-                if self.refill:
-                    self.refill = False
-                    self._unlocked(self.top_up)
+                if self._calls:
+                    self._unlocked(self._run_call)
                     continue
                 if k is not None:
                     if k in self.ready:
@@ -265,20 +259,22 @@ class BatchHandoff:
 
     def call_waiting(self, fn: Callable[[], None]) -> None:
         """Have the consumer thread call ``fn`` (any thread): at once if it is waiting
-        for a batch, else the next time it waits.  One call at a time: a later one
-        replaces an earlier one not yet made.  ``fn`` runs without the pass's lock;
-        what it raises reaches the consumer."""
+        for a batch, else the next time it waits.  Calls are made in the order
+        asked; one equal to a call not yet made is made once.  ``fn`` runs without
+        the pass's lock; what it raises reaches the consumer (the calls after it
+        are still made the next time it waits)."""
         with self.cond:
-            self._call = fn
+            if fn not in self._calls:
+                self._calls.append(fn)
             self.cond.notify_all()
 
     def _run_call(self) -> bool:
-        """(consumer thread, without the pass's lock) Make the call ``call_waiting``
-        left, if one is left; whether one was."""
+        """(consumer thread, without the pass's lock) Make the oldest call
+        ``call_waiting`` left, if one is left; whether one was."""
         with self.cond:
-            call, self._call = self._call, None
-        if call is None:
-            return False
+            if not self._calls:
+                return False
+            call = self._calls.pop(0)
         call()
         return True
 

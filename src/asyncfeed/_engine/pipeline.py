@@ -469,7 +469,8 @@ class Pipeline(BatchHandoff):
             self.waiting_since = 0.0
 
     def _load_now(self, k: int | None, timeout: float | None) -> Batch | None:
-        self._run_call()
+        while self._run_call():
+            pass
         self.tick()  # the chooser's windows, as a waiting consumer's loop reads them
         if self.taken:
             self.primed = True
@@ -523,8 +524,8 @@ class Pipeline(BatchHandoff):
             if not self._ahead_known and self.layouts.decided:
                 # the first rows decided the layout: the consumer, waiting for the
                 # first batch, plans the batches after it now (see ahead)
-                self._ahead_known = self.refill = True
-                self.cond.notify_all()
+                self._ahead_known = True
+                self.call_waiting(self.top_up)
         if last:
             self.complete(b)
 
