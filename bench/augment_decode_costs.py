@@ -11,7 +11,9 @@ medians over the rounds, and the worst round.  Prints:
 1. libjpeg-turbo's decode at each M/8 scale simplejpeg offers (why only 1/2, 1/4
    and 1/8 are used);
 2. the share of training windows decoded at full size, 1/2, 1/4, 1/8;
-3. the fused sample's steps: header + window, decode (at the reduction chosen) of
+3. the fused sample's steps: the sample's random draw (``sample_uniforms``: one
+   Philox generator per thread, its state set per sample; and, for comparison, a
+   generator built per sample), header + window, decode (at the reduction chosen) of
    the whole image (simplejpeg) and of the window's region only (TurboJPEG 3's
    cropping region, ``_data/jpegregion.py``, where the library is installed),
    crop + resize (``"area"``, OpenCV's ``INTER_AREA`` for comparison, and
@@ -132,6 +134,17 @@ def main(argv: list[str] | None = None) -> int:
             h, w = simplejpeg.decode_jpeg_header(r)[:2]
             draw_window(h, w, sample_uniforms(0, 0, i), spec)
 
+    def draw() -> None:
+        for i in range(n):
+            sample_uniforms(0, 0, i)
+
+    def draw_fresh() -> None:  # a generator built per sample, for comparison
+        for i in range(n):
+            counter = np.array([0, i, 0, 0], np.uint64)
+            bits = np.random.Philox(counter=counter, key=np.zeros(2, np.uint64)).random_raw(
+                augment.N_UNIFORMS)
+            ((bits >> np.uint64(11)) * (1.0 / (1 << 53))).tolist()
+
     def decode() -> None:
         for r, (h, w), k in zip(raws, heads, ks):
             kw = {} if k == 1 else {"min_height": -(-h // k), "min_width": -(-w // k)}
@@ -170,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 jpegregion.read_header = real  # type: ignore[assignment]
         return run, n
-    steps = {"header + window": (header, n), "decode, whole image": (decode, n)}
+    steps = {"draw (a generator per thread)": (draw, n),
+             "draw (a generator per sample)": (draw_fresh, n),
+             "header + window": (header, n), "decode, whole image": (decode, n)}
     if jpegregion.available():
         steps["decode, region only"] = (decode_region, n)
     steps.update({"resize area": resize("area"), "resize INTER_AREA": (inter_area, n),

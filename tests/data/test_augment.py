@@ -9,6 +9,7 @@ pixels is a plain full-size decode, crop, resize and flip.
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import math
 import os
@@ -487,3 +488,31 @@ def test_the_decoder_is_reproducible_and_names_its_window():
     win = dec.window(60, 80, 17)
     assert win == draw_window(60, 80, sample_uniforms(8, 0, 17), dec.crop)
     assert "seed=8" in repr(dec)
+
+
+def _philox_uniforms(seed, epoch, key):
+    """The draw's definition: a Philox generator keyed by the seed, its counter
+    (0, key, epoch, 0), the top 53 bits of each 64-bit output scaled to [0, 1)."""
+    gen = np.random.Philox(counter=np.array([0, key, epoch, 0], np.uint64),
+                           key=np.array([seed % 2**64, seed >> 64], np.uint64))
+    return ((gen.random_raw(augment.N_UNIFORMS) >> np.uint64(11)) / 2.0**53).tolist()
+
+
+def test_each_draw_is_its_samples_own_whatever_the_thread_drew_before():
+    cases = [(seed, epoch, key) for seed in (0, 7, 2**64 + 3, 2**127 + 2**63)
+             for epoch in (0, 1, 2**40) for key in (0, 1, 99, 2**63 + 5)]
+    expected = {c: _philox_uniforms(*c) for c in cases}
+    assert len({tuple(v) for v in expected.values()}) == len(cases)
+
+    def draw_all(order):
+        return {c: sample_uniforms(*c) for c in order}
+
+    # one thread, in two orders; then four threads at once, each in its own order
+    assert draw_all(cases) == expected
+    assert draw_all(cases[::-1]) == expected
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        shuffled = [list(np.random.default_rng(k).permutation(len(cases))) for k in range(4)]
+        results = pool.map(
+            lambda order: [(cases[i], sample_uniforms(*cases[i])) for i in order * 20], shuffled)
+        for got in results:
+            assert all(draw == expected[case] for case, draw in got)

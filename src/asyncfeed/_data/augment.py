@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,13 +59,29 @@ def sample_uniforms(seed: int, epoch: int, key: int) -> list[float]:
 
     Philox is counter-based: the key is the seed and the counter's upper words are
     ``(key, epoch)``, so every sample's stream is its own (the draws advance only
-    the lowest word) and costs one small generator (~15 us), no shared state.
+    the lowest word), with no state shared between samples.  Each thread keeps one
+    generator and sets its whole state per sample: building a generator per sample
+    draws OS entropy (its seed sequence) only to override it, and costs several
+    times the draw (``bench/augment_decode_costs.py`` section 3 times both).
     """
-    counter = np.array([0, int(key) & _MASK64, int(epoch) & _MASK64, 0], np.uint64)
-    philox_key = np.array([seed & _MASK64, (seed >> 64) & _MASK64], np.uint64)
-    bits = np.random.Philox(counter=counter, key=philox_key).random_raw(N_UNIFORMS)
+    try:
+        gen = _GENERATOR.philox
+    except AttributeError:
+        gen = _GENERATOR.philox = np.random.Philox(key=np.zeros(2, np.uint64))
+    gen.state = {
+        "bit_generator": "Philox",
+        "state": {"counter": np.array([0, int(key) & _MASK64, int(epoch) & _MASK64, 0],
+                                      np.uint64),
+                  "key": np.array([seed & _MASK64, (seed >> 64) & _MASK64], np.uint64)},
+        "buffer": _NO_BUFFER, "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+    bits = gen.random_raw(N_UNIFORMS)
     out: list[float] = ((bits >> _U64) * _TO_UNIT).tolist()
     return out
+
+
+#: each thread's Philox generator (see sample_uniforms)
+_GENERATOR = threading.local()
+_NO_BUFFER = np.zeros(4, np.uint64)  # an empty buffer: buffer_pos 4 reads none of it
 
 
 @dataclass(frozen=True)
