@@ -1,0 +1,122 @@
+"""The bounds a search reads from its windows: what a dearer candidate could
+deliver at most, so that a duel it cannot win by the margin is not run.
+
+:class:`SearchBounds` is the part of the policy's replay (``policy._Replay``)
+that reads them: the rows per CPU second of thread windows, the cores left to
+worker processes, one thread's rate, and whether the choice already reaches a
+bound within the margin.  Each is measured on the pass; none assumes a core
+count.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .bounds import handoff_bound, row_cpu
+from .duel import PolicyConfig
+from .readings import Candidate, Handoff, Mode, Space, Window, rows_and_cpu
+
+__all__ = ["SearchBounds"]
+
+
+class SearchBounds:
+    """The bounds of the module docstring, over a search's state (set by the
+    replay that subclasses it)."""
+
+    space: Space
+    config: PolicyConfig
+    handoff: Handoff | None
+    choice: Candidate
+    choice_rate: float | None
+    margin: float
+    solo: list[Window]
+    seen: list[Window]
+    fresh: list[Window]
+
+    def _keeps_up(self) -> bool:
+        """Whether the choice already delivers what the consumer takes: its windows'
+        ceiling (the consumer's pace had it never waited) within the margin of its
+        rate.  No dearer candidate can then beat it by the margin."""
+        mine = [w for w in self.seen if w.candidate == self.choice]
+        if len(mine) < self.config.like_windows or self.choice_rate is None:
+            return False
+        ceiling = statistics.fmean(w.ceiling for w in mine) \
+            if all(w.ceiling != float("inf") for w in mine) else float("inf")
+        return ceiling <= self.choice_rate * (1 + self._margin())
+
+    def _margin(self) -> float:
+        """The margin a bound must be beaten by: the last duel's, at least the floor."""
+        return max(self.margin, self.config.min_margin)
+
+    def _core_rate(self, of: Candidate | None = None) -> float:
+        """Rows per CPU second over the thread windows of this search together (those
+        of ``of`` alone where given; 0: none knows its CPU): what one core runs the
+        rows at.  Pooled, not window by window: a window's CPU is that of the tasks
+        that ended in it, so a short window reads a task more or less than it ran,
+        and the most of many such readings would be their noise.  Of the choice's
+        threads: what a core runs the rows at with those threads side by side
+        (cores that share caches, memory and their siblings' pipelines run each row
+        slower than one alone, and so would as many worker processes); 0 where the
+        choice is not threads."""
+        windows = self.fresh if of is None else [w for w in self.fresh if w.candidate == of]
+        rows, cpu = rows_and_cpu(windows, inline=False)
+        return rows / cpu if cpu > 0 else 0.0
+
+    def _beyond_one_core(self) -> bool:
+        """Whether the choice's rate is beyond what one core can run the rows at,
+        plus the margin: the most rows per CPU second any one thread window read.
+        Inline runs the rows on the consumer's thread alone (with its own work
+        besides), so it cannot reach that rate.  The most of the windows, not
+        their pooled rate (:meth:`_core_rate`): inline skips the hand-off a
+        thread's task pays per row, which for tiny rows is a good part of their
+        CPU, so this bound leans high.  False where no thread window knows its CPU."""
+        per_core = max((w.core_rate for w in self.fresh if w.candidate.mode is Mode.THREADS),
+                       default=0.0)
+        if not per_core or self.choice_rate is None:
+            return False
+        return self.choice_rate > per_core * (1 + self._margin())
+
+    def _beyond_reach(self, more: Candidate) -> bool:
+        """Whether ``more`` threads cannot beat the choice by the margin: one process's
+        threads run the rows on at most ``min(threads, cores left)`` cores (what the
+        consumer and the hand-offs keep busy stays theirs: :meth:`_cores_left`),
+        each at most at :meth:`_core_rate` of the choice's windows (of every thread
+        window where the choice's do not know their CPU).  Where the choice's rate is
+        within the margin of that bound, the rows already take every core they can
+        have.
+        False where no thread window knows its CPU (rows that wait on storage use
+        little CPU: the bound is far above them)."""
+        per_core = self._core_rate(self.choice) or self._core_rate()
+        if not per_core or self.choice_rate is None:
+            return False
+        return self._reaches(min(more.count, self._cores_left()) * per_core)
+
+    def _reaches(self, bound: float) -> bool:
+        """Whether the choice's rate is within the margin of ``bound``, the most a
+        dearer candidate could deliver: it cannot beat the choice by the margin."""
+        return (self.choice_rate or 0.0) * (1 + self._margin()) >= bound
+
+    def _cores_left(self) -> float:
+        """The cores worker processes could have: the cores, less what this process
+        kept busy besides the rows under the choice (the consumer's own work, the
+        hand-offs: it goes on under processes too, and grows with their rate, so
+        this is an upper bound).  The cores where the choice's windows do not
+        know their CPU."""
+        def other_of(windows: list[Window]) -> list[float]:
+            return [w.other_cores for w in windows
+                    if w.candidate == self.choice and w.other_cores > 0]
+        # a re-check's first duels come before the choice ran a window of its own:
+        # then its windows of the searches before tell
+        other = other_of(self.fresh) or other_of(self.seen)
+        if not other:
+            return float(self.space.cores)
+        return max(1.0, self.space.cores - statistics.median(other))
+
+    def _one_thread_rate(self) -> float | None:
+        rates = [w.rate for w in self.solo]
+        return statistics.fmean(rates) if rates else None
+
+    def _handoff_bound(self) -> float:
+        """The hand-off's bound on processes (:func:`.bounds.handoff_bound`) for the
+        rows' CPU in this process and the cores left."""
+        return handoff_bound(self.handoff, row_cpu(self.fresh, self.seen), self._cores_left())
