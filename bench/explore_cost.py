@@ -11,15 +11,22 @@ round: A B, B A, ...):
 
 ``auto / pinned`` is the first epoch's cost of measuring the candidates (1.0: free).
 With ``--window-s`` the policy's window length is changed for ``auto`` (an experiment:
-the value of ``PolicyConfig.window_s`` to try).
+the value of ``PolicyConfig.window_s`` to try).  With ``--tree SRC`` (the ``src`` of
+another checkout) no run is pinned: the rounds alternate ``auto`` on this tree and on
+that one (A B, B A, ...), and each tree's medians are printed: the time until the
+choice settled, the windows measured, the first epoch -- a change to the search
+judged by what it spends, which a shared machine's noise moves less than the rate.
 
     PYTHONPATH=src python bench/explore_cost.py --rounds 3
     PYTHONPATH=src python bench/explore_cost.py --datasets gil-python,detection --window-s 0.02
+    PYTHONPATH=src python bench/explore_cost.py --datasets png-augment --rounds 8 \
+        --tree /tmp/before/src
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -62,9 +69,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _run(name: str, pin: list | None, window_s: float) -> dict:
+def _run(name: str, pin: list | None, window_s: float, src: str | None = None) -> dict:
+    env = None if src is None else dict(os.environ, PYTHONPATH=src)
     p = subprocess.run([sys.executable, "-c", _CHILD, name, json.dumps(pin), str(window_s)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -76,8 +84,12 @@ def main() -> None:
     ap.add_argument("--datasets", default="detection,text,cifar-rng,gil-python,gil-free")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=0.0)
+    ap.add_argument("--tree", default=None, help="another checkout's src: alternate with it")
     args = ap.parse_args()
     for name in args.datasets.split(","):
+        if args.tree:
+            _two_trees(name, args)
+            continue
         ratios, rows = [], []
         pin: list | None = None
         for r in range(args.rounds):
@@ -96,6 +108,26 @@ def main() -> None:
         print(f"{name}: rate auto/pinned median {statistics.median(ratios):.2f} "
               f"worst {min(ratios):.2f}")
         print("\n".join(rows), flush=True)
+
+
+def _two_trees(name: str, args: argparse.Namespace) -> None:
+    """``auto`` on this tree (its ``sys.path``) and on ``args.tree``, rounds alternating."""
+    here = os.pathsep.join(p for p in sys.path if p)
+    trees = {"this tree": here, "--tree": args.tree}
+    runs: dict[str, list[dict]] = {k: [] for k in trees}
+    for r in range(args.rounds):
+        for k in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            runs[k].append(_run(name, None, args.window_s, trees[k]))
+    for k, got in runs.items():
+        settled = [g["settled_s"] for g in got if g["settled_s"] is not None]
+        print(f"{name} {k}: settled median "
+              f"{statistics.median(settled) if settled else float('nan'):.3f}s "
+              f"({len(settled)} of {len(got)} settled; each "
+              f"{' '.join(f'{x:.2f}' for x in sorted(settled))}), windows median "
+              f"{statistics.median(g['windows'] for g in got)}, first epoch median "
+              f"{statistics.median(g['seconds'] for g in got):.3f}s (slowest "
+              f"{max(g['seconds'] for g in got):.3f}s); choices "
+              f"{sorted(f'{c[0]} {c[1]}' for c in (g['choice'] for g in got))}", flush=True)
 
 
 if __name__ == "__main__":

@@ -331,6 +331,52 @@ def test_processes_that_lose_before_fewer_threads_leave_the_walk_down_to_go_on()
     assert _first_processes(ran) < ran.index(threads(8)), ran
 
 
+def barely_scaling(procs: float):
+    """Rows whose threads read a little above one thread, whatever their count, their
+    windows 10% apart in turn (1,120 and 1,020 rows/s; one thread 1,000): a lead
+    inside twice their margin, so the bottom duel cannot tell the two apart in one
+    round, nor in more; processes read ``procs``."""
+    turns: dict[Candidate, int] = {}
+
+    def rate(x: Candidate) -> float:
+        if x.mode is Mode.INLINE:
+            return 950.0
+        if x.mode is Mode.THREADS and x.count > 1:
+            turns[x] = turns.get(x, 0) + 1
+            return 1120.0 if turns[x] % 2 else 1020.0
+        return 1000.0 if x.mode is Mode.THREADS else procs
+    return rate
+
+
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_an_open_bottom_duel_of_threads_short_of_scaling_waits_for_processes(cores):
+    """The start reads a little above one thread, in the band where the bottom duel
+    would run another round: neither reading lets the threads scale, so processes
+    are dueled after the first round, and win; one thread runs no more than that
+    round's windows."""
+    sp = space(cores)
+    rec, ran = run(sp, barely_scaling(900.0 * cores))
+    d = decide(rec, sp)
+    assert d.choice == processes(cores) and d.reason is Reason.FASTER, d
+    assert d.processes_before_down, d
+    assert ran.count(threads(1)) == CFG.like_windows, ran
+    assert _first_processes(ran) == 2 * CFG.like_windows, ran
+
+
+def test_an_open_bottom_duel_goes_on_where_processes_lose():
+    """The same rows where processes read below the threads: the bottom duel goes
+    on from the windows it had, for the rounds it had left, and is judged on all
+    of them, as without processes between its rounds: one thread stays."""
+    sp = space(2)
+    rec, ran = run(sp, barely_scaling(900.0))
+    d = decide(rec, sp)
+    bottom = next(u for u in d.duels if {u.cheap, u.dear} == {threads(1), threads(2)})
+    assert d.duels.index(bottom) == 1 and d.duels[0].dear == processes(2), d.duels
+    assert bottom.winner == threads(1) and bottom.dear_rate == 1070.0, bottom
+    assert ran.count(threads(1)) == CFG.like_windows * CFG.max_rounds, ran
+    assert _first_processes(ran) == 2 * CFG.like_windows, ran
+
+
 def _report_of(rec: Record, sp: Space):
     ch = Chooser.__new__(Chooser)
     ch.record, ch.decision, ch.detail = rec, decide(rec, sp), ""

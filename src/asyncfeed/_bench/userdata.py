@@ -18,6 +18,9 @@ seeded by the index), so every loader yields the same batches for the same order
   processes run it in parallel; batch 32.
 * ``gil-free``: SHA-256 over a 512 KiB window of a buffer in RAM (hashlib releases the GIL
   for the whole digest): threads run it in parallel without worker processes; batch 32.
+* ``png-augment``: 64x64 PNGs held in RAM, decoded by Pillow, rotated by a per-sample
+  angle and flipped for half the samples, float32 CHW out; Pillow releases the GIL for
+  part of each sample; batch 64.
 * ``phased``: an epoch whose first half (in time, with ``num_workers=0``) is
   ``cifar-rng``'s cheap rows and whose second half is the pure-Python function: the cost changes mid-epoch
   (the sample order puts the cheap indices first); batch 32.
@@ -291,6 +294,45 @@ class PythonRows(Dataset):
         return torch.tensor(feats, dtype=torch.float32), index % 10
 
 
+class PngAugment(Dataset):
+    """64x64 RGB PNGs encoded once into RAM (``images`` distinct ones, posterised so
+    they compress), each sample decoded by Pillow, rotated by a per-sample angle in
+    [-15, 15) degrees, flipped for half the samples, and returned as float32 CHW in
+    [0, 1] with an int label: Pillow's C code releases the GIL for part of each
+    sample (the inflate, the rotation), Python holds it for the rest."""
+
+    SIDE = 64
+
+    def __init__(self, n: int, seed: int = 0, images: int = 256) -> None:
+        import io
+
+        from PIL import Image
+        rng = np.random.default_rng(seed)
+        self.n = n
+        self.blobs = []
+        for _ in range(min(images, n)):
+            pixels = rng.integers(0, 256, (self.SIDE, self.SIDE, 3), dtype=np.uint8) // 32 * 32
+            buf = io.BytesIO()
+            Image.fromarray(pixels).save(buf, format="PNG")
+            self.blobs.append(buf.getvalue())
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        import io
+
+        from PIL import Image
+        image = Image.open(io.BytesIO(self.blobs[i % len(self.blobs)])).convert("RGB")
+        angle = float(np.random.default_rng((self.seed, i)).uniform(-15.0, 15.0))
+        image = image.rotate(angle, resample=Image.Resampling.BILINEAR)
+        if _coin(self.seed, i):
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        array = np.asarray(image, dtype=np.float32) / 255.0
+        return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1))), i % 10
+
+
 class HashChunks(Dataset):
     """SHA-256 of a ``chunk``-byte window of one random buffer in RAM (hashlib releases
     the GIL while it digests more than 2 KiB), plus the window's first 4 KiB as data:
@@ -368,6 +410,9 @@ DATASETS: dict[str, UserSet] = {s.name: s for s in (
             "processes"),
     UserSet("gil-free", "SHA-256 over a 512 KiB window in RAM (GIL released)", 32, 3072, 64,
             "threads"),
+    UserSet("png-augment", "64x64 PNGs from RAM decoded by Pillow, rotated and flipped per "
+            "sample, float CHW out (the GIL released for part of each sample)", 64, 4096,
+            128, ""),
     UserSet("phased", "first half of the epoch cheap numpy rows, second half pure Python "
             "(the cost changes mid-epoch)", 32, 12288 + 768, 256 + 32, ""),
 )}
@@ -396,6 +441,8 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
         ds = PythonRows(samples, seed)
     elif name == "gil-free":
         ds = HashChunks(samples, seed)
+    elif name == "png-augment":
+        ds = PngAugment(samples, seed)
     else:  # phased
         costly = 768 if not quick else 32
         phased = PhasedCost(samples - costly, costly, seed)

@@ -33,9 +33,9 @@ class Decision:
     ran the rows one at a time, so processes were dueled first (the search's order).
     ``processes_before_up``: one thread's rows never waited, so processes were
     dueled before more threads than the cores (the search's order).
-    ``processes_before_down``: the start's threads beat one thread but ran the rows
-    short of that many times its rate, so processes were dueled before fewer
-    threads (the search's order).
+    ``processes_before_down``: the start's threads beat one thread, or read open
+    against it after one round, but ran the rows short of that many times its
+    rate, so processes were dueled before fewer threads (the search's order).
     ``window_scale``: the next window lasts this many times the least window (its
     length and completions): twice the last round's in each round of a duel.
     ``more_processes_skipped``: ``NO_ROOM`` where processes were measured but

@@ -118,6 +118,13 @@ threads could (its rate short of ``min(threads, cores left)`` times one thread's
 beyond the margin: the GIL or contention stopped them scaling), step 4 comes before
 step 2: fewer threads could only match the start at a lower cost, processes may go
 faster (on many cores each rung of the walk down is a duel of its own first).
+Where step 1's first round leaves it open (the start led by more than
+``min_margin`` but within twice the margin: ``duel.unsure``) and the start's
+rate is short of that reach all the same, step 4 comes then, against the start:
+more rounds would only choose between thread counts that processes may beat,
+and they are what a short epoch of rows that hold the GIL part of the time
+spends exploring.  Where processes lose, step 1 goes on from its windows for the
+rounds it had left, and the search from there.
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of the last
@@ -180,6 +187,8 @@ class _Replay(SearchBounds):
         self.processes_first = False   # the start's threads ran the rows one at a time
         self.processes_before_up = False  # one thread's rows never waited
         self.processes_before_down = False  # the start's threads fell short of scaling
+        # the bottom duel left open for processes: its windows and next round
+        self.deferred: tuple[list[Window], list[Window], int] | None = None
         self.mine: list[Window] = []
         self.theirs: list[Window] = []
         self.block_side: Candidate = self.choice  # a block duel's side that ran last
@@ -288,6 +297,9 @@ class _Replay(SearchBounds):
                 self.rival = rival
                 self.mine = self._recent_of(self.choice) if self._in_blocks() else []
                 self.block_side = self.rival if self.mine else self.choice
+                if self.phases[0] == "bottom" and self.deferred is not None:
+                    self.mine, self.theirs, self.round = self.deferred  # it goes on
+                    self.deferred = None
                 return
             self.phases.pop(0)
             self.moved = False
@@ -358,7 +370,8 @@ class _Replay(SearchBounds):
         duel = judge(self.mine, self.theirs, self.config)
         if len(self.theirs) >= n and self.round < self.config.max_rounds \
                 and unsure(duel, self.config):
-            self.round += 1  # the dearer read faster, not clearly beyond the noise
+            if not self._defer_bottom(duel):
+                self.round += 1  # the dearer read faster, not clearly beyond the noise
             return
         self.duels.append(duel)
         self.tried.update((self.rival, self.choice))
@@ -423,6 +436,27 @@ class _Replay(SearchBounds):
         self.processes_before_down = True
         self.phases.remove("processes")
         self.phases.insert(self.phases.index("down"), "processes")
+        return True
+
+    def _defer_bottom(self, duel: Duel) -> bool:
+        """After a round of the bottom duel that leaves it open (``unsure``): where
+        neither side's reading lets the start's threads scale (the start's rate
+        short of ``min(threads, cores left)`` times one thread's, beyond the
+        margin), processes are dueled against the start now, and the bottom duel
+        goes on after them only if they lose (see the module docstring); True
+        where they are."""
+        if self.phases[:1] != ["bottom"] or self.single_step or self.process is None \
+                or "processes" not in self.phases or self.deferred is not None:
+            return False
+        reach = min(float(duel.dear.count), self._cores_left()) * duel.cheap_rate
+        if duel.dear_rate * (1 + duel.margin) >= reach:
+            return False
+        self.deferred = (self.mine, self.theirs, self.round + 1)
+        self.margin, self.choice_rate = duel.margin, duel.dear_rate
+        self.processes_before_down = True
+        self.phases.remove("processes")
+        self.phases.insert(0, "processes")
+        self._advance()
         return True
 
     def _order_processes_before_up(self) -> None:
