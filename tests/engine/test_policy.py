@@ -201,6 +201,36 @@ def test_threads_that_ran_the_rows_one_at_a_time_duel_processes_first(cores):
     assert threads(1) in ran2[:_first_processes(ran2)] and len(ran) < len(ran2)
 
 
+def tiny_serialised(x: Candidate) -> float:
+    """Rows of tens of microseconds with a Python collate: threads take turns at the
+    GIL (one core between them, each row dearer for the turns), worker processes
+    pay the hand-off, inline pays neither."""
+    if x.mode is Mode.INLINE:
+        return 16_000.0
+    return 4_800.0 if x.mode is Mode.THREADS else 7_000.0
+
+
+@pytest.mark.parametrize("worker_rows_per_cpu_s", [16_000.0, 3_500.0])
+def test_inline_is_skipped_by_the_one_core_bound_only_where_workers_read_it_too(
+        worker_rows_per_cpu_s):
+    """Processes win against threads that ran the rows one at a time.  Threads that
+    took turns at the GIL read each row's CPU high; a worker runs its rows alone.
+    Where the workers read 16,000 rows per CPU second, processes' 7,000 rows/s are
+    within one core's rate: inline is dueled, and wins.  Where the workers read
+    3,500 (the rows are that dear), processes run beyond one core: inline is
+    skipped."""
+    sp = space(2)
+    rec, ran = run(sp, tiny_serialised, core_rate=4_800.0, other_cores=0.05,
+                   worker_cores=lambda x: 7_000.0 / worker_rows_per_cpu_s)
+    d = decide(rec, sp)
+    assert d.processes_first, d
+    if worker_rows_per_cpu_s > 7_000.0:
+        assert INLINE in ran and d.choice == INLINE and d.inline_skipped is None, d
+    else:
+        assert INLINE not in ran and d.inline_skipped is Reason.NO_ROOM, d
+        assert d.choice.mode is Mode.PROCESSES, d
+
+
 @pytest.mark.parametrize("cores", [2, 16])
 def test_threads_that_used_their_cores_keep_the_order(cores):
     """GIL-free rows: the start's threads took every core; one thread's duel comes

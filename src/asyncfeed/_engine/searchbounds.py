@@ -64,14 +64,22 @@ class SearchBounds:
 
     def _beyond_one_core(self) -> bool:
         """Whether the choice's rate is beyond what one core can run the rows at,
-        plus the margin: the most rows per CPU second any one thread window read.
-        Inline runs the rows on the consumer's thread alone (with its own work
-        besides), so it cannot reach that rate.  The most of the windows, not
-        their pooled rate (:meth:`_core_rate`): inline skips the hand-off a
-        thread's task pays per row, which for tiny rows is a good part of their
-        CPU, so this bound leans high.  False where no thread window knows its CPU."""
+        plus the margin: the most rows per CPU second any one thread window read,
+        or worker processes read (their rows pooled over their CPU: a worker runs
+        its rows on one thread, sharing no GIL), whichever is more.  Inline runs
+        the rows on the consumer's thread alone (with its own work besides), so it
+        cannot reach that rate.  The most of the windows, not their pooled rate
+        (:meth:`_core_rate`): inline skips the hand-off a thread's task pays per
+        row, which for tiny rows is a good part of their CPU, so this bound leans
+        high; threads that took turns at the GIL read each row dearer still, where
+        workers do not.  False where no window knows its rows' CPU."""
         per_core = max((w.core_rate for w in self.fresh if w.candidate.mode is Mode.THREADS),
                        default=0.0)
+        worked = [w for w in self.fresh
+                  if w.candidate.mode is Mode.PROCESSES and w.workers_cpu > 0]
+        if worked:
+            per_core = max(per_core, sum(w.rows for w in worked)
+                           / sum(w.workers_cpu for w in worked))
         if not per_core or self.choice_rate is None:
             return False
         return self.choice_rate > per_core * (1 + self._margin())
