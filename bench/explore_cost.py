@@ -111,9 +111,10 @@ def main() -> None:
 
 
 def _two_trees(name: str, args: argparse.Namespace) -> None:
-    """``auto`` on this tree (its ``sys.path``) and on ``args.tree``, rounds alternating."""
-    here = os.pathsep.join(p for p in sys.path if p)
-    trees = {"this tree": here, "--tree": args.tree}
+    """``auto`` on this tree (this run's ``PYTHONPATH``) and on ``args.tree``, rounds
+    alternating."""
+    # None: the runs inherit this process's own PYTHONPATH
+    trees: dict[str, str | None] = {"this tree": None, "--tree": args.tree}
     runs: dict[str, list[dict]] = {k: [] for k in trees}
     for r in range(args.rounds):
         for k in (list(trees) if r % 2 == 0 else list(trees)[::-1]):

@@ -9,7 +9,7 @@ import statistics
 
 from .readings import Handoff, Window, rows_and_cpu
 
-__all__ = ["handoff_bound", "row_cpu", "workers_bound"]
+__all__ = ["handoff_bound", "row_cpu", "workers_bound", "workers_core_rate"]
 
 
 def row_cpu(*searches: list[Window]) -> float:
@@ -51,6 +51,15 @@ def workers_bound(windows: list[Window], workers: int, cores: int) -> float | No
     rows = sum(w.rows for w in ws)
     own = statistics.median(w.process_cpu / w.seconds for w in ws)
     usable = max(1.0, min(float(workers), cores - own))
-    bound = rows / sum(w.workers_cpu for w in ws) * usable
+    bound = workers_core_rate(ws) * usable
     own_cpu = sum(w.process_cpu for w in ws)
     return min(bound, rows / own_cpu) if own_cpu > 0 else bound
+
+
+def workers_core_rate(windows: list[Window]) -> float:
+    """Rows per CPU second of the worker processes, pooled over the windows of
+    ``windows`` that know their workers' CPU (0 where none does): what one core
+    runs the rows at in a worker, which runs them alone on its one thread."""
+    ws = [w for w in windows if w.workers_cpu > 0]
+    cpu = sum(w.workers_cpu for w in ws)
+    return sum(w.rows for w in ws) / cpu if cpu > 0 else 0.0

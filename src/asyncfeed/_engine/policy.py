@@ -432,8 +432,8 @@ class _Replay(SearchBounds):
         i, solo = self._rung(self.choice), self._one_thread_rate()
         if self.single_step or self.process is None or "down" not in self.phases \
                 or "processes" not in self.phases or i < 1 or solo is None \
-                or self.rungs[i - 1] in self.tried or self._reaches(
-                    min(float(self.choice.count), self._cores_left()) * solo):
+                or self.rungs[i - 1] in self.tried or self._scales(
+                    self.choice_rate or 0.0, self.choice.count, solo, self._margin()):
             return False
         self.processes_before_down = True
         self.phases.remove("processes")
@@ -450,8 +450,7 @@ class _Replay(SearchBounds):
         if self.phases[:1] != ["bottom"] or self.single_step or self.process is None \
                 or "processes" not in self.phases or self.deferred is not None:
             return False
-        reach = min(float(duel.dear.count), self._cores_left()) * duel.cheap_rate
-        if duel.dear_rate * (1 + duel.margin) >= reach:
+        if self._scales(duel.dear_rate, duel.dear.count, duel.cheap_rate, duel.margin):
             return False
         self.deferred = (self.mine, self.theirs, self.round + 1)
         self.margin, self.choice_rate = duel.margin, duel.dear_rate

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-from .bounds import handoff_bound, row_cpu
+from .bounds import handoff_bound, row_cpu, workers_core_rate
 from .duel import PolicyConfig
 from .readings import Candidate, Handoff, Mode, Space, Window, rows_and_cpu
 
@@ -75,11 +75,8 @@ class SearchBounds:
         workers do not.  False where no window knows its rows' CPU."""
         per_core = max((w.core_rate for w in self.fresh if w.candidate.mode is Mode.THREADS),
                        default=0.0)
-        worked = [w for w in self.fresh
-                  if w.candidate.mode is Mode.PROCESSES and w.workers_cpu > 0]
-        if worked:
-            per_core = max(per_core, sum(w.rows for w in worked)
-                           / sum(w.workers_cpu for w in worked))
+        per_core = max(per_core, workers_core_rate(
+            [w for w in self.fresh if w.candidate.mode is Mode.PROCESSES]))
         if not per_core or self.choice_rate is None:
             return False
         return self.choice_rate > per_core * (1 + self._margin())
@@ -98,6 +95,11 @@ class SearchBounds:
         if not per_core or self.choice_rate is None:
             return False
         return self._reaches(min(more.count, self._cores_left()) * per_core)
+
+    def _scales(self, rate: float, threads: int, one: float, margin: float) -> bool:
+        """Whether ``threads`` threads reading ``rate`` scaled from one thread's rate
+        ``one``: within ``margin`` of ``min(threads, cores left)`` times it."""
+        return rate * (1 + margin) >= min(float(threads), self._cores_left()) * one
 
     def _reaches(self, bound: float) -> bool:
         """Whether the choice's rate is within the margin of ``bound``, the most a
