@@ -16,15 +16,20 @@ another checkout) no run is pinned: the rounds alternate ``auto`` on this tree a
 that one (A B, B A, ...), and each tree's medians are printed: the time until the
 choice settled, the windows measured, the first epoch -- a change to the search
 judged by what it spends, which a shared machine's noise moves less than the rate.
+With ``--neighbour`` one busy-looping process runs beside every run (as the outcome
+bench's neighbour rounds); each data set's line then tells how often each choice was
+made, the stability a busy machine leaves.
 
     PYTHONPATH=src python bench/explore_cost.py --rounds 3
     PYTHONPATH=src python bench/explore_cost.py --datasets gil-python,detection --window-s 0.02
     PYTHONPATH=src python bench/explore_cost.py --datasets png-augment --rounds 8 \
         --tree /tmp/before/src
+    PYTHONPATH=src python bench/explore_cost.py --datasets gil-python --rounds 10 --neighbour
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -85,12 +90,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=0.0)
     ap.add_argument("--tree", default=None, help="another checkout's src: alternate with it")
+    ap.add_argument("--neighbour", action="store_true",
+                    help="one busy-looping process beside every run")
     args = ap.parse_args()
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
+        if args.neighbour else None
+    try:
+        _main(args)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+
+
+def _main(args: argparse.Namespace) -> None:
     for name in args.datasets.split(","):
         if args.tree:
             _two_trees(name, args)
             continue
         ratios, rows = [], []
+        choices: list[str] = []
         pin: list | None = None
         for r in range(args.rounds):
             if r % 2 and pin is not None:  # B A: pinned first, to the last round's choice
@@ -100,13 +119,16 @@ def main() -> None:
                 auto = _run(name, None, args.window_s)
                 pinned = _run(name, auto["choice"], 0.0)
             pin = auto["choice"]
+            choices.append(f"{pin[0]} {pin[1]}")
             ratios.append(pinned["seconds"] / auto["seconds"])
             rows.append(f"  round {r}: auto {auto['seconds']:.3f}s (settled "
                         f"{auto['settled_s'] or float('nan'):.3f}s, {auto['windows']} windows, "
                         f"{auto['choice'][0]} {auto['choice'][1]}) pinned {pinned['seconds']:.3f}s "
                         f"-> {ratios[-1]:.2f}")
+        tally = collections.Counter(c for c in choices)
         print(f"{name}: rate auto/pinned median {statistics.median(ratios):.2f} "
-              f"worst {min(ratios):.2f}")
+              f"worst {min(ratios):.2f}; choices "
+              f"{', '.join(f'{c} {k}/{len(choices)}' for c, k in tally.most_common())}")
         print("\n".join(rows), flush=True)
 
 
