@@ -84,6 +84,39 @@ def _spec(folder: str, kind: str, family: str, knob, mode="throughput", **ds) ->
             "seed": 0, "context": None, "pause": False, "procs": 2}
 
 
+def _round(rate: float, rnd: int) -> dict:
+    return {**_row(rate, 2.0), "round": rnd}
+
+
+def test_each_round_is_read_against_the_limit_of_that_round(tmp_path):
+    # the machine ran slower in round 1: the medians' ratio mixes a fast limit with a
+    # slow run (and the reverse); each round's pair reads the loader within its limit
+    bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("h",)))
+    limit = Config("h", "limit", 2, mode="limit", dataset="train", role="limit",
+                   runs=[_round(1000, 0), _round(600, 1), _round(900, 2)])
+    mine = Config("h", "asyncfeed", None, dataset="train", role="default",
+                  runs=[_round(980, 0), _round(540, 1), {"ok": False, "round": 2}])
+    bench.configs["h"] = [limit, mine]
+    results = bench.results()
+    rows = {r["family"]: r for r in results["summary"]["h"]}
+    got = rows["asyncfeed"]
+    assert got["vs_limit_rounds"] == pytest.approx([0.98, 0.9])
+    assert got["vs_limit_round_median"] == pytest.approx(0.94)
+    assert got["vs_limit_round_worst"] == pytest.approx(0.9)
+    assert got["vs_limit"] == pytest.approx(760 / 900)  # medians: 760 against 900
+    assert "vs_limit_rounds" not in rows["limit"]
+    results.update(machine={"cores_usable": 2, "cpu_model": "x", "memory_bytes": 2**30,
+                            "python": "3", "torch": "2"}, data={})
+    text = render(results)
+    assert "x limit by round" in text and "0.94 (0.90)" in text
+
+
+def test_h_runs_as_many_rounds_as_a(tmp_path):
+    s = Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("a", "h", "c"))
+    bench = Bench(s)
+    assert bench.rounds("h") == bench.rounds("a") == s.repeats > bench.rounds("c")
+
+
 def test_real_runs_give_normalized_float_batches(folder):
     fused = execute(_spec(folder, "train", "asyncfeed", None, normalize=True))
     assert fused["samples"] == 16 and fused["sample_shape"] == [3, 32, 32, "torch.float32"]

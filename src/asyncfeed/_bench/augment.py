@@ -168,16 +168,25 @@ def section(rows: list[dict], settings: dict, fmt: Any, name: Any
             fmt(r.get("steady_rate") if r["family"] != "limit" else None, ",.0f"),
             fmt(r.get("vs_pil_best"), ".2f"), fmt(r.get("vs_tv_folder_best"), ".2f"),
             fmt(r.get("vs_tv_decode_best"), ".2f"), fmt(r.get("vs_limit"), ".2f"),
-            fmt(r.get("cpu_per_sample_ms"), ".3f"), fmt(r.get("cpu_vs_pil_w0"), ".2f"),
+            _by_round(r, fmt), fmt(r.get("cpu_per_sample_ms"), ".3f"), fmt(r.get("cpu_vs_pil_w0"), ".2f"),
             fmt(r.get("peak_pss_bytes"), "mb")] for r in rows]
     title = (f"(h) training augmentation: random-resized-crop + flip to {settings['size']}, "
              f"normalized; {settings.get('samples')} samples per run, batch "
              f"{settings['batch_size']}; x: rate against the best DataLoader setting of that "
-             f"pipeline; CPU x: against DataLoader w=0 on the PIL pipeline; steady: the rate "
-             f"after the run's first tenth of batches")
+             f"pipeline; x limit: the medians' ratio; by round: each round's run against the "
+             f"limit's run of that round, median (worst); CPU x: against DataLoader w=0 on "
+             f"the PIL pipeline; steady: the rate after the run's first tenth of batches")
     headers = ["contender", "pipeline", "img/s", "steady img/s", "x PIL", "x tv-folder", "x tv-decode",
-               "x limit", "CPU ms/img", "CPU x", "peak PSS MB"]
+               "x limit", "x limit by round", "CPU ms/img", "CPU x", "peak PSS MB"]
     return title, headers, out
+
+
+def _by_round(row: dict, fmt: Any) -> str:
+    """The row's rate against the limit's run of the same round: median (worst)."""
+    if row.get("vs_limit_round_median") is None:
+        return fmt(None, ".2f")
+    return (f"{fmt(row['vs_limit_round_median'], '.2f')} "
+            f"({fmt(row['vs_limit_round_worst'], '.2f')})")
 
 
 #: the consumer's reused float buffer for :func:`normalized` on the CPU, by row shape

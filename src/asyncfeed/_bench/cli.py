@@ -106,9 +106,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
                    help="comma-separated subset of " + ",".join(FAMILIES))
     b.add_argument("--repeats", type=int, default=None,
-                   help="rounds of every configuration of (a) and (b), interleaved A B A B; "
-                        "the training step, (c) and (d) get min(N, 2); figures are medians "
-                        "(3; 1 with --quick)")
+                   help="rounds of every configuration of (a), (b), (f), (h), the ceiling "
+                        "and the overhead, interleaved A B A B; the others get min(N, 2); "
+                        "figures are medians (3; 1 with --quick)")
     b.add_argument("--samples", type=int, default=None,
                    help="samples per run in workload a (640); b and c scale from it")
     b.add_argument("--workers", type=_ints, default=None,

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from . import contenders
 
 
+#: the workloads every configuration of which runs ``Settings.repeats`` rounds; the
+#: others run ``min(repeats, repeats_other)``
+FULL_ROUNDS = ("a", "b", "f", "h", "ceiling", "overhead")
+
+
 @dataclass
 class Settings:
     """Everything a benchmark run depends on (recorded in the JSON)."""
@@ -18,8 +23,8 @@ class Settings:
     batch_size: int = 32
     workloads: tuple[str, ...] = ("a", "b", "c", "d", "e")
     families: tuple[str, ...] = tuple(contenders.FAMILIES)
-    repeats: int = 3            # rounds for (a) and (b)
-    repeats_other: int = 2      # rounds for the training step, (c) and (d)
+    repeats: int = 3            # rounds for (a), (b), (f), (h) and the ceiling
+    repeats_other: int = 2      # rounds for the training step, (c), (d), (e) and (g)
     samples: int = 640          # per run, workload a
     samples_ram: int = 512      # workload b
     samples_gil: int = 320      # workload c

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import contenders
+from .config import FULL_ROUNDS
 from .workloads import WORKLOADS
 
 MB = 2**20
@@ -285,8 +286,9 @@ def settings_line(results: dict) -> str:
             "files, picked at random)")
     other = min(s["repeats"], s["repeats_other"])
     plural = "s" if s["repeats"] != 1 else ""
+    full = ", ".join(f"({w})" if len(w) == 1 else f"the {w}" for w in FULL_ROUNDS)
     rounds = (f"{s['repeats']} round{plural}" if other == s["repeats"] else
-              f"{s['repeats']} rounds for (a) and (b), {other} for the rest")
+              f"{s['repeats']} rounds for {full}, {other} for the rest")
     return (f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {rounds} "
             f"(interleaved), figures are medians; {desc}")
 

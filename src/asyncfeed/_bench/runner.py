@@ -9,6 +9,7 @@ fork server (:mod:`.server`).
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 import time
@@ -17,9 +18,10 @@ from typing import Any, Callable
 
 from . import contenders
 from .client import RunServer, ServerError
-from .config import Config, Settings, default_threads, default_workers
+from .config import FULL_ROUNDS, Config, Settings, default_threads, default_workers
 from .machine import machine_info
-from .summary import _best, _disturbed, _relative, _resolved, headline, summarize
+from .summary import (_best, _disturbed, _relative, _resolved, headline, paired_ratios,
+                      summarize)
 from .tuning import knee
 from .workloads import SLEEP_S
 
@@ -209,8 +211,8 @@ class Bench:
         return cfgs
 
     def rounds(self, workload: str) -> int:
-        return self.s.repeats if workload in ("a", "b", "f", "ceiling", "overhead") else min(self.s.repeats,
-                                                                   self.s.repeats_other)
+        return self.s.repeats if workload in FULL_ROUNDS \
+            else min(self.s.repeats, self.s.repeats_other)
 
     def n_runs(self) -> int:
         n = sum(len(c) * self.rounds(wl) for wl, c in self.configs.items())
@@ -360,20 +362,29 @@ class Bench:
 
     # -- summaries ------------------------------------------------------------------
     def limit_rate(self, workload: str) -> float | None:
-        for c in self.configs.get(workload, []):
-            if c.family == "limit" and c.knob == self.s.cores:
-                return summarize(c).get("rate")
-        return None
+        limit = self._limit_config(workload)
+        return summarize(limit).get("rate") if limit is not None else None
+
+    def _limit_config(self, workload: str) -> Config | None:
+        return next((c for c in self.configs.get(workload, [])
+                     if c.family == "limit" and c.knob == self.s.cores), None)
 
     def summaries(self) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
         for wl, cfgs in self.configs.items():
             limit = self.limit_rate("a" if wl == "step" else wl)
+            limit_cfg = self._limit_config(wl)
             rows = []
             for c in cfgs:
                 row = summarize(c)
                 if limit and row.get("rate") and c.mode in ("throughput", "limit"):
                     row["vs_limit"] = row["rate"] / limit
+                    paired = paired_ratios(c, limit_cfg) if limit_cfg is not None else []
+                    if paired and c is not limit_cfg:
+                        # each round's run against the limit's run of that round
+                        row["vs_limit_rounds"] = paired
+                        row["vs_limit_round_median"] = statistics.median(paired)
+                        row["vs_limit_round_worst"] = min(paired)
                 rows.append(row)
             _relative(wl, rows)
             out[wl] = rows

@@ -50,6 +50,18 @@ def summarize(cfg: Config, threshold: float = 0.15) -> dict:
     return row
 
 
+def paired_ratios(cfg: Config, reference: Config) -> list[float]:
+    """``cfg``'s rate over ``reference``'s, round by round: each of ``cfg``'s good runs
+    against ``reference``'s good run of the same round (a round runs every
+    configuration of a workload one after another, so the two ran minutes apart
+    at most, where the medians of all rounds may mix a fast round of one with a
+    slow round of the other).  Rounds where either has no good run are left out."""
+    ref = {r.get("round"): r["rate"] for r in reference.runs
+           if r.get("ok") and r.get("rate")}
+    return [r["rate"] / ref[r.get("round")] for r in cfg.runs
+            if r.get("ok") and r.get("rate") and r.get("round") in ref]
+
+
 def _resolved(cfg: Config) -> int | None:
     """The thread count a default-configured run actually used (from its loader)."""
     for run in cfg.runs:
