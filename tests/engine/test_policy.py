@@ -1268,6 +1268,26 @@ def test_the_chooser_reads_a_window_as_long_as_the_decision_asks():
     assert ch.record.windows[n].seconds == pytest.approx(0.06)
 
 
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_a_window_sees_its_completions_for_each_task_running_at_once(cores):
+    """Rows arrive in chunks, a task's (or a worker's reply) at a time: a window cut at
+    one task's completion counts the chunks the others are partway through at its
+    ends, up to one each, or none of them; ``window_events`` completions for each
+    task the candidate runs at once keep that within about one part in
+    ``window_events`` on any core count.  Here one completion every 20 ms: the
+    start's threads (one per core) read a window of ``4 x cores`` of them."""
+    clock = [0.0]
+    ch = Chooser(space(cores), clock=lambda: clock[0])
+    ctl = _Control(gil_free(cores), clock)
+    ch.begin_pass(ctl)
+    while not ch.record.windows:
+        ctl.advance(0.02, chunks=1)
+        ch.tick()
+    w = ch.record.windows[0]
+    assert w.candidate == threads(cores)
+    assert w.seconds == pytest.approx(0.02 * PolicyConfig().window_events * cores)
+
+
 def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():
     clock = [0.0]
     ch = Chooser(space(2), clock=lambda: clock[0])

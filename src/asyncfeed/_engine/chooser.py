@@ -266,12 +266,14 @@ class Chooser:
         if events == w0.events:
             return self._window_s / 4
         # from one completion to another: rows arrive in chunks (a task, a worker's
-        # reply), and a window cut between chunks would count a share of one
+        # reply), and a window cut between chunks would count a share of one; the
+        # other tasks running at once are partway through theirs at either end, up to
+        # a chunk each, so a window sees ``window_events`` completions for each
         c = self._carried
         elapsed = c.at + last - w0.at
         scale = self.decision.window_scale  # a duel's later rounds read longer windows
-        if elapsed < self._window_s * scale \
-                or c.events + events - w0.events < self.config.window_events * scale:
+        least = self.config.window_events * max(1, self.current.count) * scale
+        if elapsed < self._window_s * scale or c.events + events - w0.events < least:
             return max(self._window_s * scale - elapsed - (now - last),
                        self._window_s / 4)
         self._w0 = _Mark.now(control, rows, events, last)

@@ -28,9 +28,14 @@ class PolicyConfig:
     be the slower one): the noise a window still shows is measured, as the
     duel's margin.  A duel's later rounds read windows twice as long as the
     round before's (``Decision.window_scale``).  ``window_events``: and sees at
-    least this many completions (tasks or worker replies): rows arrive in
-    chunks, and a window of one chunk measures the chunk.  ``like_windows``:
-    windows per side of a duel round (two are the least that show a spread).
+    least this many completions (tasks or worker replies) for each task the
+    candidate runs at once (its threads or workers; one inline): rows arrive in
+    chunks, and a window of one chunk measures the chunk; cut at one task's
+    completion, a window counts the chunks the other tasks are partway through
+    at its ends (up to one each, or none), so as many completions per task keep
+    that within about one part in ``window_events`` on any core count.
+    ``like_windows``: windows per side of a duel round (two are the least that
+    show a spread).
     ``min_margin``: the least margin a dearer candidate must beat: a switch
     costs what no window shows (a fork, workers' memory, threads' CPU), and
     below this gain stability is worth more.  ``recheck_windows``: settled
