@@ -30,7 +30,7 @@ PNG and, with `--json`, every raw figure. This page shows one full run
 
 ```bash
 pip install 'asyncfeed[bench]'
-asyncfeed bench --json results.json --plot results.png   # every workload and contender (about 10 min on 2 cores)
+asyncfeed bench --json results.json --plot results.png   # every workload and contender (about 11 min on 2 cores)
 asyncfeed bench --markdown results.json > benchmarks.md  # this page, from that JSON
 asyncfeed bench --quick                                  # a smoke run in seconds: workload (a) only, not a comparison
 asyncfeed bench --data /data/imagenet/train --batch-size 256 --json out.json   # your own folder
