@@ -111,6 +111,19 @@ def test_each_round_is_read_against_the_limit_of_that_round(tmp_path):
     assert "x limit by round" in text and "0.94 (0.90)" in text
 
 
+def test_a_round_that_other_load_disturbed_is_paired_as_the_medians_read_it(tmp_path):
+    # round 1's run shared the machine with another process: the medians leave it out
+    # (the row has undisturbed runs), and so do the pairs
+    bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("h",)))
+    limit = Config("h", "limit", 2, mode="limit", dataset="train", role="limit",
+                   runs=[_round(1000, 0), _round(1000, 1)])
+    mine = Config("h", "asyncfeed", None, dataset="train", role="default",
+                  runs=[_round(950, 0), {**_round(500, 1), "other_load": 0.6}])
+    bench.configs["h"] = [limit, mine]
+    got = {r["family"]: r for r in bench.results()["summary"]["h"]}["asyncfeed"]
+    assert got["rate"] == 950 and got["vs_limit_rounds"] == pytest.approx([0.95])
+
+
 def test_h_runs_as_many_rounds_as_a(tmp_path):
     s = Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("a", "h", "c"))
     bench = Bench(s)

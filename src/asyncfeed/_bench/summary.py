@@ -21,11 +21,17 @@ def _disturbed(run: dict, threshold: float = 0.15) -> bool:
     return (run.get("other_load") or 0.0) > threshold
 
 
-def summarize(cfg: Config, threshold: float = 0.15) -> dict:
-    """Medians over the runs of ``cfg``: its undisturbed runs when it has any."""
+def _used(cfg: Config, threshold: float = 0.15) -> tuple[list[dict], list[dict], list[dict]]:
+    """``cfg``'s good runs, its undisturbed ones, and those its figures are read from:
+    the undisturbed runs when it has any."""
     ok = [r for r in cfg.runs if r.get("ok")]
     clean = [r for r in ok if not _disturbed(r, threshold)]
-    used = clean or ok
+    return ok, clean, clean or ok
+
+
+def summarize(cfg: Config, threshold: float = 0.15) -> dict:
+    """Medians over the runs of ``cfg``: its undisturbed runs when it has any."""
+    ok, clean, used = _used(cfg, threshold)
     row: dict[str, Any] = {"key": cfg.key, "label": cfg.label, "family": cfg.family,
                            "knob": cfg.knob, "mode": cfg.mode, "context": cfg.context,
                            "dataset": cfg.dataset, "role": cfg.role, "runs": len(cfg.runs),
@@ -51,15 +57,15 @@ def summarize(cfg: Config, threshold: float = 0.15) -> dict:
 
 
 def paired_ratios(cfg: Config, reference: Config) -> list[float]:
-    """``cfg``'s rate over ``reference``'s, round by round: each of ``cfg``'s good runs
-    against ``reference``'s good run of the same round (a round runs every
-    configuration of a workload one after another, so the two ran minutes apart
-    at most, where the medians of all rounds may mix a fast round of one with a
-    slow round of the other).  Rounds where either has no good run are left out."""
-    ref = {r.get("round"): r["rate"] for r in reference.runs
-           if r.get("ok") and r.get("rate")}
-    return [r["rate"] / ref[r.get("round")] for r in cfg.runs
-            if r.get("ok") and r.get("rate") and r.get("round") in ref]
+    """``cfg``'s rate over ``reference``'s, round by round: each run ``cfg``'s figures
+    are read from (:func:`summarize`) against ``reference``'s of the same round (a
+    round runs every configuration of a workload one after another, so the two ran
+    minutes apart at most, where the medians of all rounds may mix a fast round of
+    one with a slow round of the other).  Rounds where either has no such run are
+    left out."""
+    ref = {r.get("round"): r["rate"] for r in _used(reference)[2] if r.get("rate")}
+    return [r["rate"] / ref[r.get("round")] for r in _used(cfg)[2]
+            if r.get("rate") and r.get("round") in ref]
 
 
 def _resolved(cfg: Config) -> int | None:
