@@ -125,10 +125,8 @@ def _main(args: argparse.Namespace) -> None:
                         f"{auto['settled_s'] or float('nan'):.3f}s, {auto['windows']} windows, "
                         f"{auto['choice'][0]} {auto['choice'][1]}) pinned {pinned['seconds']:.3f}s "
                         f"-> {ratios[-1]:.2f}")
-        tally = collections.Counter(c for c in choices)
         print(f"{name}: rate auto/pinned median {statistics.median(ratios):.2f} "
-              f"worst {min(ratios):.2f}; choices "
-              f"{', '.join(f'{c} {k}/{len(choices)}' for c, k in tally.most_common())}")
+              f"worst {min(ratios):.2f}; choices {_tally(choices)}")
         print("\n".join(rows), flush=True)
 
 
@@ -150,7 +148,13 @@ def _two_trees(name: str, args: argparse.Namespace) -> None:
               f"{statistics.median(g['windows'] for g in got)}, first epoch median "
               f"{statistics.median(g['seconds'] for g in got):.3f}s (slowest "
               f"{max(g['seconds'] for g in got):.3f}s); choices "
-              f"{sorted(f'{c[0]} {c[1]}' for c in (g['choice'] for g in got))}", flush=True)
+              f"{_tally([f'{c[0]} {c[1]}' for c in (g['choice'] for g in got)])}", flush=True)
+
+
+def _tally(choices: list[str]) -> str:
+    """How often each choice was made, the most common first: ``processes 2 7/8, ...``."""
+    return ", ".join(f"{c} {k}/{len(choices)}"
+                     for c, k in collections.Counter(choices).most_common())
 
 
 if __name__ == "__main__":

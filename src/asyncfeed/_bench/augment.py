@@ -168,7 +168,8 @@ def section(rows: list[dict], settings: dict, fmt: Any, name: Any
             fmt(r.get("steady_rate") if r["family"] != "limit" else None, ",.0f"),
             fmt(r.get("vs_pil_best"), ".2f"), fmt(r.get("vs_tv_folder_best"), ".2f"),
             fmt(r.get("vs_tv_decode_best"), ".2f"), fmt(r.get("vs_limit"), ".2f"),
-            _by_round(r, fmt), fmt(r.get("cpu_per_sample_ms"), ".3f"), fmt(r.get("cpu_vs_pil_w0"), ".2f"),
+            _by_round(r, fmt), fmt(r.get("cpu_per_sample_ms"), ".3f"),
+            fmt(r.get("cpu_vs_pil_w0"), ".2f"),
             fmt(r.get("peak_pss_bytes"), "mb")] for r in rows]
     title = (f"(h) training augmentation: random-resized-crop + flip to {settings['size']}, "
              f"normalized; {settings.get('samples')} samples per run, batch "

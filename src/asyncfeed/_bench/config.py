@@ -23,8 +23,8 @@ class Settings:
     batch_size: int = 32
     workloads: tuple[str, ...] = ("a", "b", "c", "d", "e")
     families: tuple[str, ...] = tuple(contenders.FAMILIES)
-    repeats: int = 3            # rounds for (a), (b), (f), (h) and the ceiling
-    repeats_other: int = 2      # rounds for the training step, (c), (d), (e) and (g)
+    repeats: int = 3            # rounds for the workloads of FULL_ROUNDS
+    repeats_other: int = 2      # at most this many for the others
     samples: int = 640          # per run, workload a
     samples_ram: int = 512      # workload b
     samples_gil: int = 320      # workload c
