@@ -18,14 +18,20 @@ With ``--neighbour`` every round is run a second time beside one busy-looping pr
 The report (markdown, printed; ``--json PATH`` writes every round and the summary) gives,
 per data set and condition: the best DataLoader setting's median rate, AsyncLoader's
 first-epoch and steady-state medians and their ratios to that setting in the same round
-(median and worst round), the slowest round over the median, and the execution chosen in
-each round with how many rounds chose the most common one.
+(median and worst round), the slowest round over the median (AsyncLoader's, and the best
+DataLoader setting's: the spread of a loader that chooses nothing), and the execution
+chosen in each round with how many rounds chose the most common one.
 
     PYTHONPATH=src python bench/outcome.py                             # 5 rounds, every set
     PYTHONPATH=src python bench/outcome.py --rounds 3 --neighbour --json out.json
     PYTHONPATH=src python bench/outcome.py --rounds 3 --neighbour --into docs/benchmarks-2core.json
     PYTHONPATH=src python bench/outcome.py --datasets detection,text --epochs 4
     PYTHONPATH=src python bench/outcome.py --quick --rounds 1         # smoke test (seconds)
+    PYTHONPATH=src python bench/outcome.py --report docs/benchmarks-2core.json  # runs nothing
+
+``--report`` runs nothing: it summarises the rounds a file already holds again (an
+``--json`` file, or a bench file's ``outcome`` key) and writes the summary and the table
+back, for a report that changed since the rounds were run.
 
 Sizes: one ``DataLoader(num_workers=0)`` epoch takes one to two seconds on a 2-core
 machine; ``--quick`` makes tiny sets whose rates are start-up costs, not a result.  The
@@ -76,6 +82,31 @@ def _line(r: dict) -> str:
     return f"{r['dataset']:10} {r['condition']:9} r{r['round']} {who:14} {rates}/s{other}{ex}"
 
 
+def _summaries(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per data set and condition, in the order the rounds ran them."""
+    keys = list(dict.fromkeys((r["dataset"], r["condition"]) for r in rounds))
+    return [{"dataset": name, "condition": condition,
+             "description": userdata.DATASETS[name].description if name in userdata.DATASETS
+             else "",
+             **summarise([r for r in rounds
+                          if r["dataset"] == name and r["condition"] == condition])}
+            for name, condition in keys]
+
+
+def _report_again(path: str) -> None:
+    """``--report``: summarise the rounds stored in ``path`` again and write them back."""
+    with open(path) as f:
+        data = json.load(f)
+    result = data["outcome"] if "outcome" in data else data
+    if not result.get("rounds"):
+        sys.exit(f"{path}: no outcome rounds to report")
+    result["summary"] = _summaries(result["rounds"])
+    result["table"] = markdown(result["summary"])
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    print(result["table"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="rounds per data set (5)")
@@ -96,7 +127,13 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per round's process")
     ap.add_argument("--workers", default=",".join(map(str, DL_WORKERS)),
                     help="DataLoader num_workers settings, comma-separated (0,2,4)")
+    ap.add_argument("--report", metavar="JSON",
+                    help="run nothing: summarise the rounds stored in JSON (an --json file "
+                         "or a bench file with an 'outcome' key) again, and write them back")
     args = ap.parse_args()
+    if args.report:
+        _report_again(args.report)
+        return
     names = [n for n in args.datasets.split(",") if n]
     unknown = [n for n in names if n not in userdata.DATASETS]
     if unknown or not names:
@@ -146,13 +183,7 @@ def main() -> None:
     finally:
         server.close()
         shutil.rmtree(rundir, ignore_errors=True)
-    summaries = []
-    for name in names:
-        for condition in conditions:
-            mine = [r for r in rounds if r["dataset"] == name and r["condition"] == condition]
-            summaries.append({"dataset": name, "condition": condition,
-                              "description": userdata.DATASETS[name].description,
-                              **summarise(mine)})
+    summaries = _summaries(rounds)
     table = markdown(summaries)
     print()
     if args.quick:

@@ -263,7 +263,7 @@ def _round(n, family, workers, rates, execution=None):
             "workers": workers, "ok": True, "epochs": epochs}
 
 
-def test_summary_pairs_asyncloader_with_the_best_setting_in_the_same_round():
+def _three_rounds() -> list[dict]:
     rounds = []
     for n, (w0, w2, first, steady) in enumerate([(100, 90, 80, 120), (110, 95, 110, 110),
                                                   (90, 100, 99, 90)]):
@@ -271,7 +271,11 @@ def test_summary_pairs_asyncloader_with_the_best_setting_in_the_same_round():
                    _round(n, "dataloader", 2, [w2, w2]),
                    _round(n, "asyncfeed", None, [first, steady, steady + 20],
                           "processes: 2 workers (x)" if n == 2 else "threads: 2 of 4 running")]
-    s = summarise(rounds)
+    return rounds
+
+
+def test_summary_pairs_asyncloader_with_the_best_setting_in_the_same_round():
+    s = summarise(_three_rounds())
     assert s["best_dl_first"] == "w=0" and s["best_dl_later"] == "w=0"
     assert s["first"]["ratios"] == pytest.approx([0.8, 1.0, 1.1])
     assert s["first"]["ratio_median"] == pytest.approx(1.0)
@@ -284,6 +288,41 @@ def test_summary_pairs_asyncloader_with_the_best_setting_in_the_same_round():
     assert "| x | yes | w=0 100/s | 99/s | **1.00x** (0.80x) |" in table
     assert "threads(2) (2/3)" in table and "- x (neighbour): threads(2), threads(2), processes(2)" \
         in table
+
+
+def test_summary_reads_the_best_setting_against_its_own_median():
+    """The floor of the paired ratios: the best DataLoader setting's slowest round over
+    its median (w=0: first epochs 100, 110, 90; later 110, 120, 100), beside
+    AsyncLoader's (first 80, 110, 99; steady 130, 120, 100)."""
+    s = summarise(_three_rounds())
+    assert s["first"]["dl_slowest_over_median"] == pytest.approx(0.9)
+    assert s["steady"]["dl_slowest_over_median"] == pytest.approx(100 / 110)
+    table = markdown([{"dataset": "x", "condition": "quiet", **s}])
+    assert "| 0.81, 0.83 (0.90, 0.91) |" in table
+    old = {**s, "first": {k: v for k, v in s["first"].items() if k != "dl_slowest_over_median"}}
+    assert "| 0.81, 0.83 (-, 0.91) |" in markdown([{"dataset": "x", "condition": "quiet", **old}])
+
+
+@pytest.mark.timeout(60)
+def test_report_summarises_stored_rounds_again_and_keeps_the_rest(tmp_path):
+    """``--report`` runs nothing: a bench file's stored rounds get today's summary and
+    table; its other keys stay as they were."""
+    rounds = _three_rounds()
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"settings": {"repeats": 3},
+                                "outcome": {"argv": ["outcome.py"], "rounds": rounds,
+                                            "summary": [], "table": "stale"}}))
+    env = dict(os.environ, PYTHONPATH=SRC)
+    proc = subprocess.run([sys.executable, SCRIPT, "--report", str(path)], env=env,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(path.read_text())
+    assert data["settings"] == {"repeats": 3} and data["outcome"]["rounds"] == rounds
+    [summary] = data["outcome"]["summary"]
+    assert (summary["dataset"], summary["condition"]) == ("x", "quiet")
+    assert summary["first"]["ratios"] == pytest.approx([0.8, 1.0, 1.1])
+    assert "| x | no | w=0 100/s | 99/s | **1.00x** (0.80x) |" in data["outcome"]["table"]
+    assert "(0.90, 0.91)" in proc.stdout
 
 
 def test_summary_reports_failed_rounds_and_survives_a_missing_contender():

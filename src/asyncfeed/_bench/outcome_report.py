@@ -10,7 +10,10 @@ beside the run) :func:`summarise` reports:
 * AsyncLoader's first-epoch rate and its steady state (the mean rate of its epochs
   after the first, on the same loader), each as a ratio to the best DataLoader
   setting's rate *in the same round* (side by side), median and worst round;
-* the slowest round over the median, for AsyncLoader's first epoch and steady state;
+* the slowest round over the median, for AsyncLoader's first epoch and steady state,
+  and the same for the best DataLoader setting: what a run of a contender that does
+  not choose reads against its own median on this machine, the floor that the
+  paired ratios' worst round stands on (two such runs, one on each side);
 * the execution chosen in each round (after the first epoch, and after the last)
   and how many rounds chose the most common one;
 * the median share of the machine's CPU used outside the round's process tree
@@ -95,17 +98,20 @@ def summarise(rounds: list[dict]) -> dict[str, Any]:
                     for n, r in af.items() if best_first in by_round[n]]
     paired_later = [(_later(r["epochs"]), _later(by_round[n][best_later]["epochs"]))
                     for n, r in af.items() if best_later in by_round[n]]
-    for name, pairs, dl_median in (("first", paired_first, out["dl_first_medians"][best_first]),
-                                   ("steady", paired_later, out["dl_later_medians"][best_later])):
+    for name, pairs, figure, setting in (("first", paired_first, _first, best_first),
+                                         ("steady", paired_later, _later, best_later)):
         if not pairs:
             continue
         rates = [a for a, _ in pairs]
         ratios = [a / b for a, b in pairs]
         med = statistics.median(rates)
+        dl_rates = [figure(runs[setting]["epochs"]) for runs in by_round.values()
+                    if setting in runs]
+        dl_median = statistics.median(dl_rates)
         out[name] = {"dl_median": dl_median, "median": med, "ratio_median":
                      statistics.median(ratios), "ratio_worst": min(ratios),
                      "slowest_over_median": min(rates) / med, "ratios": ratios,
-                     "rates": rates}
+                     "rates": rates, "dl_slowest_over_median": min(dl_rates) / dl_median}
     chosen_first = [execution_key(r["epochs"][0]) for _, r in sorted(af.items())]
     chosen_last = [execution_key(r["epochs"][-1]) for _, r in sorted(af.items())]
     top, count = Counter(chosen_first).most_common(1)[0]
@@ -114,6 +120,13 @@ def summarise(rounds: list[dict]) -> dict[str, Any]:
                          "changed_after_first_epoch": sum(a != b for a, b in
                                                           zip(chosen_first, chosen_last))}
     return out
+
+
+def _floor(figures: dict[str, Any]) -> str:
+    """The best DataLoader setting's slowest round over its median ("-" in summaries
+    written before it was kept)."""
+    x = figures.get("dl_slowest_over_median")
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _rate(x: float | None) -> str:
@@ -126,8 +139,8 @@ def markdown(summaries: list[dict[str, Any]]) -> str:
     ``summaries``: ``{"dataset", "condition", **summarise(...)}`` dicts."""
     head = ("| data set | neighbour | best DataLoader, 1st epoch | AsyncLoader 1st epoch "
             "| ratio median (worst) | best DataLoader, later | AsyncLoader steady "
-            "| ratio median (worst) | slowest/median 1st, steady | execution: most common "
-            "(rounds) | other load |")
+            "| ratio median (worst) | slowest/median 1st, steady (best DataLoader's) "
+            "| execution: most common (rounds) | other load |")
     lines = [head, "|" + " --- |" * 11]
     notes = []
     for s in summaries:
@@ -141,7 +154,8 @@ def markdown(summaries: list[dict[str, Any]]) -> str:
                 f"**{f['ratio_median']:.2f}x** ({f['ratio_worst']:.2f}x)",
                 f"{s['best_dl_later']} {_rate(st['dl_median'])}", _rate(st["median"]),
                 f"**{st['ratio_median']:.2f}x** ({st['ratio_worst']:.2f}x)",
-                f"{f['slowest_over_median']:.2f}, {st['slowest_over_median']:.2f}",
+                f"{f['slowest_over_median']:.2f}, {st['slowest_over_median']:.2f} "
+                f"({_floor(f)}, {_floor(st)})",
                 f"{ex['most_common']} ({ex['most_common_rounds']}/{len(ex['after_first_epoch'])})",
                 "-" if s.get("other_load_median") is None else f"{s['other_load_median']:.2f}",
             ]
