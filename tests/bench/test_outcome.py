@@ -172,6 +172,21 @@ def test_gil_bound_rows_are_pure_python_features():
     assert x.tolist() == pytest.approx(userdata.python_features(2 * 1_000_003 + 3, 500))
 
 
+def test_audio_rows_are_the_log_spectrogram_of_a_per_sample_crop():
+    """Written out by hand for one index: the crop and gain from the sample's own
+    generator, Hann frames of 400 samples every 160, the rfft's magnitude, log1p."""
+    ds = userdata.AudioClips(6, seed=3, clips=4)
+    spec, label = ds[5]
+    rng = np.random.default_rng((3, 5))
+    start = int(rng.integers(0, 8001))
+    wave = ds.waves[1, start:start + 8000] * np.float32(rng.uniform(0.5, 1.5))
+    frames = np.stack([wave[k:k + 400] for k in range(0, 8000 - 400 + 1, 160)])
+    want = np.log1p(np.abs(np.fft.rfft(frames * np.hanning(400).astype(np.float32), axis=1)))
+    assert spec.dtype == torch.float32 and spec.shape == (48, 201) and label == 5
+    np.testing.assert_allclose(spec.numpy(), want, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(ds[1][0], spec)  # same clip, its own crop and gain
+
+
 def test_phased_order_runs_every_cheap_sample_before_the_costly_ones():
     ds = userdata.PhasedCost(40, 8, seed=1, length=300)
     order = ds.order(1)

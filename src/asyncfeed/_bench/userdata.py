@@ -21,6 +21,9 @@ seeded by the index), so every loader yields the same batches for the same order
 * ``png-augment``: 64x64 PNGs held in RAM, decoded by Pillow, rotated by a per-sample
   angle and flipped for half the samples, float32 CHW out; Pillow releases the GIL for
   part of each sample; batch 64.
+* ``audio``: 1 s waveforms (float32, 16 kHz) in RAM; a per-sample generator picks a
+  0.5 s crop and a gain, and NumPy makes a log-magnitude spectrogram (400-sample Hann
+  frames, hop 160, ``rfft``): small NumPy calls, the GIL released inside each; batch 32.
 * ``phased``: an epoch whose first half (in time, with ``num_workers=0``) is
   ``cifar-rng``'s cheap rows and whose second half is the pure-Python function: the cost changes mid-epoch
   (the sample order puts the cheap indices first); batch 32.
@@ -330,6 +333,37 @@ class PngAugment(Dataset):
         return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1))), i % 10
 
 
+class AudioClips(Dataset):
+    """One-second waveforms (float32 at 16 kHz) in one array in RAM; each sample draws
+    a 0.5 s crop and a gain in [0.5, 1.5) from ``np.random.default_rng((seed, index))``
+    and returns the crop's log-magnitude spectrogram (Hann frames of ``FRAME`` samples,
+    hop ``HOP``, ``np.fft.rfft``) as a float32 ``(frames, FRAME // 2 + 1)`` tensor, with
+    an int label.  Many small NumPy calls: each releases the GIL inside, Python holds
+    it between them."""
+
+    RATE, FRAME, HOP = 16000, 400, 160
+
+    def __init__(self, n: int, seed: int = 0, clips: int = 512) -> None:
+        rng = np.random.default_rng(seed)
+        self.n = n
+        self.seed = seed
+        self.waves = rng.standard_normal((min(clips, n), self.RATE), dtype=np.float32)
+        self.window = np.hanning(self.FRAME).astype(np.float32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        rng = np.random.default_rng((self.seed, i))
+        half = self.RATE // 2
+        start = int(rng.integers(0, self.RATE - half + 1))
+        wave = self.waves[i % len(self.waves), start:start + half] * np.float32(
+            rng.uniform(0.5, 1.5))
+        frames = np.lib.stride_tricks.sliding_window_view(wave, self.FRAME)[::self.HOP]
+        spectrum = np.abs(np.fft.rfft(frames * self.window, axis=1))
+        return torch.from_numpy(np.log1p(spectrum).astype(np.float32)), i % 10
+
+
 class HashChunks(Dataset):
     """SHA-256 of a ``chunk``-byte window of one random buffer in RAM (hashlib releases
     the GIL while it digests more than 2 KiB), plus the window's first 4 KiB as data:
@@ -410,6 +444,9 @@ DATASETS: dict[str, UserSet] = {s.name: s for s in (
     UserSet("png-augment", "64x64 PNGs from RAM decoded by Pillow, rotated and flipped per "
             "sample, float CHW out (the GIL released for part of each sample)", 64, 4096,
             128, ""),
+    UserSet("audio", "1 s waveforms from RAM: a per-sample 0.5 s crop and gain, a NumPy "
+            "log spectrogram (small NumPy calls, the GIL released inside each)", 32, 4096,
+            128, ""),
     UserSet("phased", "first half of the epoch cheap numpy rows, second half pure Python "
             "(the cost changes mid-epoch)", 32, 12288 + 768, 256 + 32, ""),
 )}
@@ -440,6 +477,8 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
         ds = HashChunks(samples, seed)
     elif name == "png-augment":
         ds = PngAugment(samples, seed)
+    elif name == "audio":
+        ds = AudioClips(samples, seed)
     else:  # phased
         costly = 768 if not quick else 32
         phased = PhasedCost(samples - costly, costly, seed)
