@@ -449,6 +449,23 @@ def test_rows_one_thread_ran_with_waits_keep_the_order():
     assert ran.index(threads(4)) < _first_processes(ran), ran
 
 
+def test_one_thread_waiting_only_for_the_consumers_python_duels_processes_before_more():
+    """One thread's rows took 0.9 of a core while the consumer's own Python (its
+    collation, the loop) took the rest of it: the thread waited for the GIL, not for
+    storage, and the process kept a core busy.  More threads than the cores would
+    overlap no wait: processes are dueled before them, and win."""
+    sp = space(2)
+    rec, ran = run(sp, partly_gil(2), core_rate=300.0 / 0.9, other_cores=0.1)
+    d = decide(rec, sp)
+    assert d.processes_before_up and d.choice == processes(2), d
+    assert threads(4) not in ran, ran
+    # the same rows beside a consumer that took no more: the thread waited, half a
+    # core idle in the process (storage), and more threads come first
+    rec, ran = run(sp, partly_gil(2), core_rate=600.0, other_cores=0.1)
+    assert not decide(rec, sp).processes_before_up
+    assert ran.index(threads(4)) < _first_processes(ran), ran
+
+
 def test_a_process_that_leaves_processes_no_second_core_keeps_the_order():
     """Threads that ran one at a time beside a consumer that keeps a whole core
     busy: processes would have one core, which one thread has too; the order

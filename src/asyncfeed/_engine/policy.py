@@ -109,12 +109,13 @@ the one candidate that can (rows that wait on storage leave the process idle
 instead, and keep the order).  The other steps follow as above: where processes
 won, the ladder's duels have no thread choice to start from and inline meets the
 one-core bound; where they lost, the search goes on from step 1.  Likewise,
-where the start won step 1 and one thread's rows never waited (its windows'
-rows took a core, within ``min_margin``), step 4 comes before step 3 where step
-3 would run more threads than the cores: threads past the cores gain only by
-overlapping a wait, and rows that hold the GIL part of the time (two threads
-beat one, but not by the cores) would spend step 3's duel there before
-reaching processes.  Where processes won, step 3 has no thread choice to climb
+where the start won step 1 and one thread's rows never waited (its windows
+kept the process a core busy, within ``min_margin``: the rows, or the rows and
+the consumer's Python that took the GIL between them), step 4 comes before
+step 3 where step 3 would run more threads than the cores: threads past the
+cores gain only by overlapping a wait, and rows that hold the GIL part of the
+time (two threads beat one, but not by the cores) would spend step 3's duel
+there before reaching processes.  Where processes won, step 3 has no thread choice to climb
 from; where they lost, it follows.  And where the start won step 1 by less than its
 threads could (its rate short of ``min(threads, cores left)`` times one thread's,
 beyond the margin: the GIL or contention stopped them scaling), step 4 comes before
@@ -462,7 +463,8 @@ class _Replay(SearchBounds):
 
     def _order_processes_before_up(self) -> None:
         """After the bottom duel that the start won: where one thread's rows never
-        waited (its windows' rows took a core, within ``min_margin``) and the next
+        waited (its windows kept the process a core busy, within ``min_margin``: the
+        rows, or the rows and the process's own Python between them) and the next
         rung up runs more threads than the cores, processes come before more
         threads (see the module docstring).  Windows that do not know their CPU
         keep the order."""
@@ -471,8 +473,11 @@ class _Replay(SearchBounds):
                 or "processes" not in self.phases or i < 0 or i + 1 >= len(self.rungs) \
                 or self.rungs[i + 1].count <= self.space.cores:
             return
-        cores = pooled_cores(self.solo, whole=False)
-        if cores is None or cores[0] < 1 - self.config.min_margin:
+        # the consumer's Python (collating, the loop) takes the GIL between the rows:
+        # the one thread then waits for it, not for storage, and the process stays
+        # busy (the process's clock, coarser than the rows', may read below theirs)
+        rows, whole = pooled_cores(self.solo, whole=False), pooled_cores(self.solo, whole=True)
+        if rows is None or max(rows[0], whole[1] if whole else 0.0) < 1 - self.config.min_margin:
             return
         self.processes_before_up = True
         self.phases.remove("processes")
