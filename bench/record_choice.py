@@ -123,6 +123,10 @@ class Sleepy:  # waits for I/O (the GIL released, no CPU)
         time.sleep(0.004)
         return torch.tensor([i])
 
+def spectro():  # NumPy spectrograms: small calls release the GIL, Python holds it between
+    from asyncfeed._bench.userdata import AudioClips
+    return AudioClips(4096)
+
 def augment():  # training augmentation fused into decoding: the bench's synthetic photos
     from asyncfeed import ImageFolder
     from asyncfeed._bench.synthetic import ensure_synthetic
@@ -132,7 +136,7 @@ def augment():  # training augmentation fused into decoding: the bench's synthet
 sets = {"gil": (Gil, 16, None), "sha": (Sha, 16, None), "mixed": (Mixed, 16, None),
         "jpeg": (Jpeg, 32, None), "augment": (augment, 32, None), "noop": (Noop, 256, None),
         "dicts": (Dicts, 32, collate_dicts), "tokens": (Tokens, 64, collate_tokens),
-        "cifar": (Cifar, 128, None), "sleepy": (Sleepy, 16, None)}
+        "cifar": (Cifar, 128, None), "sleepy": (Sleepy, 16, None), "spectro": (spectro, 32, None)}
 make, bs, collate = sets[name]
 ds = make()
 al = AsyncLoader(ds, batch_size=bs, collate_fn=collate)
@@ -152,7 +156,8 @@ al.close()
 print(json.dumps(out))
 """
 
-SETS = ("gil", "sha", "mixed", "jpeg", "augment", "noop", "dicts", "tokens", "cifar", "sleepy")
+SETS = ("gil", "sha", "mixed", "jpeg", "augment", "noop", "dicts", "tokens", "cifar", "sleepy",
+        "spectro")
 
 
 def main() -> None:
