@@ -136,7 +136,8 @@ def augment():  # training augmentation fused into decoding: the bench's synthet
 sets = {"gil": (Gil, 16, None), "sha": (Sha, 16, None), "mixed": (Mixed, 16, None),
         "jpeg": (Jpeg, 32, None), "augment": (augment, 32, None), "noop": (Noop, 256, None),
         "dicts": (Dicts, 32, collate_dicts), "tokens": (Tokens, 64, collate_tokens),
-        "cifar": (Cifar, 128, None), "sleepy": (Sleepy, 16, None), "spectro": (spectro, 32, None)}
+        "cifar": (Cifar, 128, None), "sleepy": (Sleepy, 16, None),
+        "spectro": (spectro, 32, None)}
 make, bs, collate = sets[name]
 ds = make()
 al = AsyncLoader(ds, batch_size=bs, collate_fn=collate)

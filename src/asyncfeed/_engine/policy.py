@@ -115,8 +115,8 @@ the consumer's Python that took the GIL between them), step 4 comes before
 step 3 where step 3 would run more threads than the cores: threads past the
 cores gain only by overlapping a wait, and rows that hold the GIL part of the
 time (two threads beat one, but not by the cores) would spend step 3's duel
-there before reaching processes.  Where processes won, step 3 has no thread choice to climb
-from; where they lost, it follows.  And where the start won step 1 by less than its
+there before reaching processes.  Where processes won, step 3 has no thread
+choice to climb from; where they lost, it follows.  And where the start won step 1 by less than its
 threads could (its rate short of ``min(threads, cores left)`` times one thread's,
 beyond the margin: the GIL or contention stopped them scaling), step 4 comes before
 step 2: fewer threads could only match the start at a lower cost, processes may go
