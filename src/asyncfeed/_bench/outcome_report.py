@@ -79,10 +79,12 @@ def summarise(rounds: list[dict]) -> dict[str, Any]:
     loads = [r["other_load"] for r in ok if r.get("other_load") is not None]
     out["other_load_median"] = statistics.median(loads) if loads else None
 
+    def rates_of(setting: str, figure: Callable[[list[dict]], float]) -> list[float]:
+        return [figure(runs[setting]["epochs"]) for runs in by_round.values()
+                if setting in runs]
+
     def medians(figure: Callable[[list[dict]], float]) -> dict[str, float]:
-        return {s: statistics.median([figure(runs[s]["epochs"])
-                                      for runs in by_round.values() if s in runs])
-                for s in settings}
+        return {s: statistics.median(rates_of(s, figure)) for s in settings}
 
     def best(meds: dict[str, float]) -> str | None:
         return max(meds, key=lambda s: meds[s]) if meds else None
@@ -98,16 +100,16 @@ def summarise(rounds: list[dict]) -> dict[str, Any]:
                     for n, r in af.items() if best_first in by_round[n]]
     paired_later = [(_later(r["epochs"]), _later(by_round[n][best_later]["epochs"]))
                     for n, r in af.items() if best_later in by_round[n]]
-    for name, pairs, figure, setting in (("first", paired_first, _first, best_first),
-                                         ("steady", paired_later, _later, best_later)):
+    for name, pairs, figure, setting, dl_medians in (
+            ("first", paired_first, _first, best_first, out["dl_first_medians"]),
+            ("steady", paired_later, _later, best_later, out["dl_later_medians"])):
         if not pairs:
             continue
         rates = [a for a, _ in pairs]
         ratios = [a / b for a, b in pairs]
         med = statistics.median(rates)
-        dl_rates = [figure(runs[setting]["epochs"]) for runs in by_round.values()
-                    if setting in runs]
-        dl_median = statistics.median(dl_rates)
+        dl_median = dl_medians[setting]
+        dl_rates = rates_of(setting, figure)
         out[name] = {"dl_median": dl_median, "median": med, "ratio_median":
                      statistics.median(ratios), "ratio_worst": min(ratios),
                      "slowest_over_median": min(rates) / med, "ratios": ratios,
