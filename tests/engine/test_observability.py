@@ -368,21 +368,24 @@ def gil_share_of(work, n: int, threads: int) -> float:
 
 
 def test_gil_share_tells_gil_free_from_gil_bound_work():
-    """Medians of three passes each, interleaved (the machine's load drifts).
+    """Medians of five passes each, interleaved (the machine's load drifts), and
+    compared with each other rather than with a fixed bound.
 
-    On an oversubscribed machine a thread holding the GIL is often preempted,
-    which reads as GIL wait for GIL-free work too: the bounds leave room for
-    that (seen here with load averages of 7-16 on 2 cores: GIL-free 0.01-0.07,
-    GIL-bound 0.18-0.86).  The GIL-bound rows last several switch intervals: a
-    2 ms row often runs whole and its thread's wait for the GIL falls between
-    tasks (read 0.0-0.47 on an idle machine; 12 ms rows read 0.62-0.68)."""
+    On a busy or shared machine a thread holding the GIL is often preempted (and
+    a virtual machine's stolen time reads as time off a core that no run queue
+    counts), which reads as GIL wait for GIL-free work too: GIL-free passes were
+    read at 0.01-0.22 on loaded machines, GIL-bound ones at 0.18-0.86.  What the
+    share promises is the order: work that holds the GIL reads well above work
+    that releases it, measured side by side.  The GIL-bound rows last several
+    switch intervals: a 2 ms row often runs whole and its thread's wait for the
+    GIL falls between tasks, where no stage counts it."""
     free, bound = [], []
-    for _ in range(3):
+    for _ in range(5):
         free.append(gil_share_of(numpy_sort, 96, threads=2))
         bound.append(gil_share_of(python_loop_long, 48, threads=4))
     free_m, bound_m = statistics.median(free), statistics.median(bound)
-    assert 0.0 <= free_m < 0.15, (free, bound)
-    assert bound_m <= 1.0 and bound_m - free_m > 0.1 and bound_m > 2 * free_m, (free, bound)
+    assert 0.0 <= free_m and bound_m <= 1.0, (free, bound)
+    assert bound_m >= 2 * free_m + 0.1, (free, bound)
 
 
 def test_the_probe_finds_the_gil_held_as_often_as_python_holds_it():
