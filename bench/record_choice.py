@@ -127,6 +127,10 @@ def spectro():  # NumPy spectrograms: small calls release the GIL, Python holds 
     from asyncfeed._bench.userdata import AudioClips
     return AudioClips(4096)
 
+def pngs():  # PNGs decoded by Pillow (the GIL released), rotated in Python and NumPy
+    from asyncfeed._bench.userdata import PngAugment
+    return PngAugment(4096)
+
 def augment():  # training augmentation fused into decoding: the bench's synthetic photos
     from asyncfeed import ImageFolder
     from asyncfeed._bench.synthetic import ensure_synthetic
@@ -137,7 +141,7 @@ sets = {"gil": (Gil, 16, None), "sha": (Sha, 16, None), "mixed": (Mixed, 16, Non
         "jpeg": (Jpeg, 32, None), "augment": (augment, 32, None), "noop": (Noop, 256, None),
         "dicts": (Dicts, 32, collate_dicts), "tokens": (Tokens, 64, collate_tokens),
         "cifar": (Cifar, 128, None), "sleepy": (Sleepy, 16, None),
-        "spectro": (spectro, 32, None)}
+        "spectro": (spectro, 32, None), "pngs": (pngs, 64, None)}
 make, bs, collate = sets[name]
 ds = make()
 al = AsyncLoader(ds, batch_size=bs, collate_fn=collate)
@@ -158,7 +162,7 @@ print(json.dumps(out))
 """
 
 SETS = ("gil", "sha", "mixed", "jpeg", "augment", "noop", "dicts", "tokens", "cifar", "sleepy",
-        "spectro")
+        "spectro", "pngs")
 
 
 def main() -> None:

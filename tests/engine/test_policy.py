@@ -407,6 +407,27 @@ def test_an_open_bottom_duel_goes_on_where_processes_lose():
     assert _first_processes(ran) == 2 * CFG.like_windows, ran
 
 
+def test_an_open_bottom_duels_slow_first_window_does_not_skip_processes_by_its_margin():
+    """The first four windows of a recorded run (64x64 PNGs decoded by Pillow and
+    rotated, 2 cores): one thread's first window read two thirds of its second
+    (the pass's first rows), so the bottom duel's margin read 0.41 and the duel
+    stayed open.  Two threads fell short of scaling: processes next.  Their bound
+    from the two threads' rows per CPU second (2,972 rows/s) is within that margin
+    of the threads' 2,247 rows/s, but not within the two threads' own spread
+    (0.14): the margin the open duel reads again is not the one the bound is
+    beaten by, and processes are dueled (runs beside it on two workers read 3,500-4,600 rows/s)."""
+    sp = Space(ladder=(threads(1), threads(2), threads(4)), start=threads(2), cores=2,
+               process=processes(2), more_processes=processes(4))
+    rec = Record(windows=[
+        Window(threads(2), 53, 0.02203, 0.02043, 0.03022, 0.03160),
+        Window(threads(1), 48, 0.02178, 0.02178, 0.02030, 0.02380),
+        Window(threads(2), 48, 0.02299, 0.02299, 0.03283, 0.03805),
+        Window(threads(1), 36, 0.02477, 0.02433, 0.02316, 0.02448)])
+    d = decide(rec, sp)
+    assert d.run == processes(2) and d.processes_skipped is None, d
+    assert d.processes_before_down and not d.settled, d
+
+
 def _report_of(rec: Record, sp: Space):
     ch = Chooser.__new__(Chooser)
     ch.record, ch.decision, ch.detail = rec, decide(rec, sp), ""

@@ -65,7 +65,7 @@ def _choice_core_rate(rec: Record, choice: Candidate) -> float:
 
 def test_there_are_traces_of_every_kind_quiet_and_beside_other_load():
     kinds = {"gil", "sha", "mixed", "jpeg", "augment", "noop", "dicts", "tokens", "cifar", "sleepy",
-             "spectro"}
+             "spectro", "pngs"}
     quiet = {p.name.split("-")[0] for p in TRACES if not json.loads(p.read_text())["neighbour"]}
     busy = {p.name.split("-")[0] for p in TRACES if json.loads(p.read_text())["neighbour"]}
     assert kinds <= quiet and kinds <= busy, (quiet, busy)

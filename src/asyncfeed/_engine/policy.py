@@ -126,8 +126,11 @@ Where step 1's first round leaves it open (the start led by more than
 rate is short of that reach all the same, step 4 comes then, against the start:
 more rounds would only choose between thread counts that processes may beat,
 and they are what a short epoch of rows that hold the GIL part of the time
-spends exploring.  Where processes lose, step 1 goes on from its windows for the
-rounds it had left, and the search from there.
+spends exploring.  Step 4's bounds are then beaten by the start's own spread,
+not by that round's margin: the margin is what the open duel reads again (one
+slow window of one thread, the pass's first rows, sets it alone).  Where
+processes lose, step 1 goes on from its windows for the rounds it had left, and
+the search from there.
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of the last
@@ -147,7 +150,7 @@ from __future__ import annotations
 
 from .bounds import workers_bound
 from .decision import Decision, fixed
-from .duel import Duel, PolicyConfig, clear_lead, drifted, hopeless, judge, unsure
+from .duel import Duel, PolicyConfig, clear_lead, drifted, hopeless, judge, spread, unsure
 from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
                        pooled_cores, processes, threads)
 from .searchbounds import SearchBounds
@@ -454,7 +457,9 @@ class _Replay(SearchBounds):
         if self._scales(duel.dear_rate, duel.dear.count, duel.cheap_rate, duel.margin):
             return False
         self.deferred = (self.mine, self.theirs, self.round + 1)
-        self.margin, self.choice_rate = duel.margin, duel.dear_rate
+        # the duel's margin is what ``unsure`` reads again over more windows: the
+        # bounds that may skip processes take the start's own spread meanwhile
+        self.margin, self.choice_rate = spread([w.rate for w in self.mine]), duel.dear_rate
         self.processes_before_down = True
         self.phases.remove("processes")
         self.phases.insert(0, "processes")
