@@ -407,6 +407,16 @@ def test_an_open_bottom_duel_goes_on_where_processes_lose():
     assert _first_processes(ran) == 2 * CFG.like_windows, ran
 
 
+def recorded_on_2_cores(windows: list[tuple[int, int, float, float, float, float]]
+                        ) -> tuple[Space, Record]:
+    """The default space on 2 cores, and a record of thread windows read off a live
+    run: (threads, rows, seconds, waited, rows' CPU, the process's CPU)."""
+    sp = Space(ladder=(threads(1), threads(2), threads(4)), start=threads(2), cores=2,
+               process=processes(2), more_processes=processes(4))
+    return sp, Record(windows=[Window(threads(n), rows, secs, waited, cpu, whole)
+                               for n, rows, secs, waited, cpu, whole in windows])
+
+
 def test_an_open_bottom_duels_slow_first_window_does_not_skip_processes_by_its_margin():
     """The first four windows of a recorded run (64x64 PNGs decoded by Pillow and
     rotated, 2 cores): one thread's first window read two thirds of its second
@@ -416,16 +426,45 @@ def test_an_open_bottom_duels_slow_first_window_does_not_skip_processes_by_its_m
     of the threads' 2,247 rows/s, but not within the two threads' own spread
     (0.14): the margin the open duel reads again is not the one the bound is
     beaten by, and processes are dueled (runs beside it on two workers read 3,500-4,600 rows/s)."""
-    sp = Space(ladder=(threads(1), threads(2), threads(4)), start=threads(2), cores=2,
-               process=processes(2), more_processes=processes(4))
-    rec = Record(windows=[
-        Window(threads(2), 53, 0.02203, 0.02043, 0.03022, 0.03160),
-        Window(threads(1), 48, 0.02178, 0.02178, 0.02030, 0.02380),
-        Window(threads(2), 48, 0.02299, 0.02299, 0.03283, 0.03805),
-        Window(threads(1), 36, 0.02477, 0.02433, 0.02316, 0.02448)])
+    sp, rec = recorded_on_2_cores([
+        (2, 53, 0.02203, 0.02043, 0.03022, 0.03160), (1, 48, 0.02178, 0.02178, 0.02030, 0.02380),
+        (2, 48, 0.02299, 0.02299, 0.03283, 0.03805), (1, 36, 0.02477, 0.02433, 0.02316, 0.02448)])
     d = decide(rec, sp)
     assert d.run == processes(2) and d.processes_skipped is None, d
     assert d.processes_before_down and not d.settled, d
+
+
+def test_one_threads_only_window_that_waited_does_not_bound_processes_alone():
+    """A recorded run (the same PNG rows, 2 cores): one thread lost the bottom duel
+    after one window, read while the pass's first rows ran (its rows took 0.78 of a
+    core, the process 0.83: it waited, as no worker would), and four threads lost.
+    Processes' bound from that window (1.96 cores x 1,217 rows/s) was within the
+    margin of two threads' 2,520, and they were skipped; the pass ran two threads
+    at 2,300-2,400 rows/s where runs beside it on two workers read 3,500-4,600.
+    One more window of one thread is read first; one at a core's speed (its rows a
+    core busy) leaves processes room, and they are dueled."""
+    sp, rec = recorded_on_2_cores([
+        (2, 45, 0.02031, 0.02031, 0.03016, 0.02987), (1, 30, 0.02465, 0.02024, 0.01919, 0.02045),
+        (2, 57, 0.02474, 0.02449, 0.03570, 0.03629), (2, 52, 0.02021, 0.01949, 0.02768, 0.02879),
+        (4, 58, 0.02527, 0.02252, 0.03408, 0.03266), (2, 50, 0.02027, 0.01968, 0.02769, 0.02857)])
+    d = decide(rec, sp)
+    assert d.run == threads(1) and d.processes_skipped is None and not d.settled, d
+    rec.windows.append(Window(threads(1), 40, 0.02500, 0.02400, 0.02450, 0.02500))
+    d = decide(rec, sp)
+    assert d.run == processes(2) and d.processes_skipped is None, d
+
+
+def test_one_threads_windows_that_waited_alike_bound_processes():
+    """Rows that wait on storage: each of two windows of one thread took a
+    twentieth of a core (the rows' own waits, which a worker waits through too):
+    two workers cannot beat four threads by running at twice one thread's rate,
+    and are skipped after the second window."""
+    sp = space(2)
+    rec, ran = run(sp, lambda c: 240.0 * c.count if c.mode is Mode.THREADS else
+                   (230.0 if c.mode is Mode.INLINE else 480.0), core_rate=5000.0)
+    d = decide(rec, sp)
+    assert d.choice == threads(4) and d.processes_skipped is Reason.NO_ROOM, d
+    assert Mode.PROCESSES not in {c.mode for c in ran} and ran.count(threads(1)) >= 2, ran
 
 
 def _report_of(rec: Record, sp: Space):

@@ -68,7 +68,10 @@ The search, replayed from the record by :func:`decide` (a pure function):
    the rows under the choice (the consumer's own work goes on under processes
    too); where the best rate is already within the margin of either bound the
    duel is skipped.
-   One thread's rate is measured for this where no duel did.  Where workers
+   One thread's rate is measured for this where no duel did, and read again
+   where the few windows read kept the process less than a core busy (a window of
+   the pass's first rows waits as no worker would), up to ``like_windows`` of
+   them; the bound takes the fastest.  Where workers
    would send each row back pickled (a custom ``collate_fn``: rows are not
    written in place), the loader's process reads each one back, holding the
    GIL: ``1 / unpickle_s`` rows a second at most, and each row costs its own
@@ -248,8 +251,11 @@ class _Replay(SearchBounds):
             self.skipped = Reason.NO_ROOM
             return None
         if threads(1) in self.rungs:
-            solo = self._one_thread_rate()
-            if solo is None:
+            # one thread's fastest window: a window of the pass's first rows reads
+            # below a core's speed; where the few read waited, one more is read
+            solo = max((w.rate for w in self.solo), default=None)
+            if solo is None or (len(self.solo) < self.config.like_windows
+                                and self._solo_never_waited() is False):
                 if self.processes_first:
                     return p  # threads ran one at a time: no bound to measure first
                 self.soloing = True
@@ -481,12 +487,22 @@ class _Replay(SearchBounds):
         # the consumer's Python (collating, the loop) takes the GIL between the rows:
         # the one thread then waits for it, not for storage, and the process stays
         # busy (the process's clock, coarser than the rows', may read below theirs)
-        rows, whole = pooled_cores(self.solo, whole=False), pooled_cores(self.solo, whole=True)
-        if rows is None or max(rows[0], whole[1] if whole else 0.0) < 1 - self.config.min_margin:
+        if not self._solo_never_waited():
             return
         self.processes_before_up = True
         self.phases.remove("processes")
         self.phases.insert(self.phases.index("up"), "processes")
+
+    def _solo_never_waited(self) -> bool | None:
+        """Whether one thread's windows kept the process a core busy, within
+        ``min_margin``: the rows, or the rows and the process's own Python between
+        them (the consumer's collating, the loop: the thread then waited for the
+        GIL, not for storage; the process's clock, coarser than the rows', may read
+        below theirs).  None where they do not know their CPU."""
+        rows, whole = pooled_cores(self.solo, whole=False), pooled_cores(self.solo, whole=True)
+        if rows is None:
+            return None
+        return max(rows[0], whole[1] if whole else 0.0) >= 1 - self.config.min_margin
 
     def _serialised(self, windows: list[Window]) -> bool:
         """Whether threads ran the rows of ``windows`` one at a time: the rows took no
