@@ -417,11 +417,10 @@ def recorded_on_2_cores(windows: list[tuple[int, int, float, float, float, float
                                for n, rows, secs, waited, cpu, whole in windows])
 
 
-def test_an_open_bottom_duels_slow_first_window_does_not_skip_processes_by_its_margin():
+def test_an_open_bottom_duels_slow_window_does_not_skip_processes_by_its_margin():
     """The first four windows of a recorded run (64x64 PNGs decoded by Pillow and
-    rotated, 2 cores): one thread's first window read two thirds of its second
-    (the pass's first rows), so the bottom duel's margin read 0.41 and the duel
-    stayed open.  Two threads fell short of scaling: processes next.  Their bound
+    rotated, 2 cores): one thread's second window read two thirds of its first,
+    so the bottom duel's margin read 0.41 and the duel stayed open.  Two threads fell short of scaling: processes next.  Their bound
     from the two threads' rows per CPU second (2,972 rows/s) is within that margin
     of the threads' 2,247 rows/s, but not within the two threads' own spread
     (0.14): the margin the open duel reads again is not the one the bound is

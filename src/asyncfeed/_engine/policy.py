@@ -131,7 +131,7 @@ more rounds would only choose between thread counts that processes may beat,
 and they are what a short epoch of rows that hold the GIL part of the time
 spends exploring.  Step 4's bounds are then beaten by the start's own spread,
 not by that round's margin: the margin is what the open duel reads again (one
-slow window of one thread, the pass's first rows, sets it alone).  Where
+slow window sets it alone).  Where
 processes lose, step 1 goes on from its windows for the rounds it had left, and
 the search from there.
 
@@ -484,9 +484,6 @@ class _Replay(SearchBounds):
                 or "processes" not in self.phases or i < 0 or i + 1 >= len(self.rungs) \
                 or self.rungs[i + 1].count <= self.space.cores:
             return
-        # the consumer's Python (collating, the loop) takes the GIL between the rows:
-        # the one thread then waits for it, not for storage, and the process stays
-        # busy (the process's clock, coarser than the rows', may read below theirs)
         if not self._solo_never_waited():
             return
         self.processes_before_up = True
