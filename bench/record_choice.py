@@ -127,7 +127,7 @@ def spectro():  # NumPy spectrograms: small calls release the GIL, Python holds 
     from asyncfeed._bench.userdata import AudioClips
     return AudioClips(4096)
 
-def pngs():  # PNGs decoded by Pillow (the GIL released), rotated in Python and NumPy
+def pngs():  # PNGs decoded and rotated by Pillow (the GIL released in its C parts)
     from asyncfeed._bench.userdata import PngAugment
     return PngAugment(4096)
 

@@ -419,12 +419,13 @@ def recorded_on_2_cores(windows: list[tuple[int, int, float, float, float, float
 
 def test_an_open_bottom_duels_slow_window_does_not_skip_processes_by_its_margin():
     """The first four windows of a recorded run (64x64 PNGs decoded by Pillow and
-    rotated, 2 cores): one thread's second window read two thirds of its first,
-    so the bottom duel's margin read 0.41 and the duel stayed open.  Two threads fell short of scaling: processes next.  Their bound
-    from the two threads' rows per CPU second (2,972 rows/s) is within that margin
-    of the threads' 2,247 rows/s, but not within the two threads' own spread
-    (0.14): the margin the open duel reads again is not the one the bound is
-    beaten by, and processes are dueled (runs beside it on two workers read 3,500-4,600 rows/s)."""
+    rotated, 2 cores): one thread's second window read two thirds of its first, so
+    the bottom duel's margin read 0.41 and the duel stayed open.  Two threads fell
+    short of scaling: processes next.  Their bound from the two threads' rows per
+    CPU second (2,972 rows/s) is within that margin of the threads' 2,247 rows/s,
+    but not within the two threads' own spread (0.14): the margin the open duel
+    reads again is not the one the bound is beaten by, and processes are dueled
+    (runs beside it on two workers read 3,500-4,600 rows/s)."""
     sp, rec = recorded_on_2_cores([
         (2, 53, 0.02203, 0.02043, 0.03022, 0.03160), (1, 48, 0.02178, 0.02178, 0.02030, 0.02380),
         (2, 48, 0.02299, 0.02299, 0.03283, 0.03805), (1, 36, 0.02477, 0.02433, 0.02316, 0.02448)])
