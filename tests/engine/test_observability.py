@@ -24,7 +24,7 @@ import torch
 from asyncfeed import AsyncLoader
 from asyncfeed._engine.accounting import (ASSEMBLE, DECODE, FETCH, H2D, QUEUE, STAGES,
                                           Accounting, Resource, Snapshot, StageStats,
-                                          analyse, gil_share)
+                                          analyse, gil_share, parse_cpu_line)
 from asyncfeed._engine.advice import explain
 from asyncfeed._engine.gilprobe import GilProbe
 from asyncfeed._memory.device import CopyTimes
@@ -306,6 +306,44 @@ def test_analyse_says_gil_when_the_threads_waited_off_core_and_off_the_run_queue
     queued = Snapshot(**base, cpu_threads_run_delay_s=27.0)  # queued for a core
     assert gil_share(held, 2) == pytest.approx(0.75) and analyse(held, 2).bottleneck == "gil"
     assert gil_share(queued, 2) == 0.0 and analyse(queued, 2).bottleneck == "decode"
+
+
+def test_the_gil_share_leaves_out_what_a_hypervisor_stole():
+    """Time a virtual machine's CPUs lost to other guests is off the threads' CPU
+    clocks and in no run queue: it is not the GIL.  Where the machine had as much
+    stolen as it ran (half its CPUs' time), the decode threads' 9 s of CPU cost
+    them 9 s more of wall time; GIL-free threads so slowed read no GIL."""
+    stages = snap(decode=(100, 36.0, 9.0))
+    base = dict(elapsed_s=10.0, stages=stages, process_cpu_s=10.0, wait_s=5.0, batches=100,
+                resources=THREADS, gil_probes=1000, gil_held=40, cpu_threads_run_delay_s=0.0)
+    stolen = Snapshot(**base, machine_run_s=40.0, machine_steal_s=40.0)
+    assert gil_share(stolen, 2) == pytest.approx((36.0 - 9.0 - 9.0) / 36.0)
+    assert gil_share(Snapshot(**base, machine_run_s=40.0, machine_steal_s=0.0), 2) \
+        == pytest.approx(0.75)
+    free = Snapshot(**{**base, "stages": snap(decode=(100, 36.0, 18.0))},
+                    machine_run_s=20.0, machine_steal_s=20.0)
+    assert gil_share(free, 2) == 0.0 and analyse(free, 2).bottleneck == "decode"
+    # a window carries the machine's figures as differences; unknown stays unknown
+    later = Snapshot(**base, machine_run_s=50.0, machine_steal_s=45.0)
+    window = later - stolen
+    assert (window.machine_run_s, window.machine_steal_s) == (10.0, 5.0)
+    assert (later - Snapshot(**base)).machine_steal_s is None
+    assert (stolen + window).machine_steal_s == pytest.approx(45.0)
+
+
+def test_proc_stat_reads_as_seconds_run_and_stolen():
+    line = b"cpu  4728712 0 955593 5004552 21919 0 4587 28172 0 0\n"
+    run, steal = parse_cpu_line(line, 0.01)
+    assert run == pytest.approx((4728712 + 955593 + 4587) * 0.01)
+    assert steal == pytest.approx(281.72)
+    assert parse_cpu_line(b"cpu0 1 2 3 4 5 6 7 8\n", 0.01) is None
+    assert parse_cpu_line(b"cpu 1 2 3\n", 0.01) is None
+    # a pass's snapshot reads the machine's since the pass started (Linux: /proc)
+    acct = Accounting()
+    sum(k * k for k in range(200_000))
+    now = acct.snapshot()
+    assert now.machine_run_s is not None and now.machine_run_s >= 0
+    assert now.machine_steal_s is not None and now.machine_steal_s >= 0
 
 
 def test_analyse_says_gil_when_the_probe_found_it_taken():

@@ -28,7 +28,8 @@ thread-count controller); small on purpose:
 
 - ``acct.snapshot()`` -> :class:`Snapshot`: cumulative figures since the pass
   started (per-stage ``count``/``wall_s``/``cpu_s``, process CPU, run-queue
-  delay of the threads that ran CPU stages, consumer waits).  ``later - earlier``
+  delay of the threads that ran CPU stages, the machine's CPU time run and
+  stolen by a hypervisor, consumer waits).  ``later - earlier``
   is the window between two snapshots; :func:`analyse` turns a snapshot or a
   window into an :class:`Analysis` (gil share, busy threads, per-resource load,
   the bottleneck).
@@ -43,6 +44,7 @@ boundary; nothing is allocated or locked per sample.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -133,6 +135,44 @@ def _summed_delay(accs: list[_Acc], stages: tuple[int, ...]) -> float | None:
     return total
 
 
+def parse_cpu_line(line: bytes, tick: float) -> tuple[float, float] | None:
+    """``/proc/stat``'s first line as (seconds the machine's CPUs ran work: user,
+    nice, system, irq, softirq; seconds a hypervisor stole from them), ``tick``
+    seconds a count; None where the line is not one."""
+    parts = line.split()
+    if len(parts) < 9 or parts[0] != b"cpu":
+        return None
+    try:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, parts[1:9])
+    except ValueError:
+        return None
+    return (user + nice + system + irq + softirq) * tick, steal * tick
+
+
+def _machine_times() -> tuple[float, float] | None:
+    """The machine's CPU seconds run and stolen since boot (:func:`parse_cpu_line`);
+    None where ``/proc/stat`` cannot be read."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            return parse_cpu_line(f.readline(), _TICK)
+    except OSError:
+        return None
+
+
+def _clock_tick() -> float:
+    try:
+        return 1.0 / os.sysconf("SC_CLK_TCK")
+    except (AttributeError, OSError, ValueError):
+        return 0.01
+
+
+_TICK = _clock_tick()
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
 def _run_delay(tid: int) -> float | None:
     """Seconds thread ``tid`` of this process has spent runnable but waiting for a
     core (Linux schedstat); None where it cannot be read (thread gone, no procfs)."""
@@ -149,7 +189,10 @@ class Snapshot:
     (or, for ``later - earlier``, the figures of that window).
 
     ``cpu_threads_run_delay_s``: run-queue delay of the threads that ran
-    CPU-timed stages (None where the scheduler does not say).  ``first_wait_s``:
+    CPU-timed stages (None where the scheduler does not say).
+    ``machine_run_s``/``machine_steal_s``: CPU seconds the whole machine's CPUs
+    ran work, and had stolen by a hypervisor (a virtual machine's CPUs wait while
+    other guests run: None where ``/proc/stat`` does not say).  ``first_wait_s``:
     the consumer's wait for the pass's first batch (part of ``wait_s``).
     ``gil_held``/``gil_probes``: the GIL probe's totals (see :mod:`.gilprobe`).
     """
@@ -165,6 +208,8 @@ class Snapshot:
     resources: tuple[Resource, ...] = ()
     gil_held: int = 0
     gil_probes: int = 0
+    machine_run_s: float | None = None
+    machine_steal_s: float | None = None
 
     def __add__(self, other: Snapshot) -> Snapshot:
         """Two windows as one (e.g. the end of a pass and the start of the next)."""
@@ -177,7 +222,9 @@ class Snapshot:
             else -other.cpu_threads_run_delay_s,
             wait_s=-other.wait_s, first_wait_s=-other.first_wait_s, batches=-other.batches,
             samples=-other.samples, resources=other.resources,
-            gil_held=-other.gil_held, gil_probes=-other.gil_probes)
+            gil_held=-other.gil_held, gil_probes=-other.gil_probes,
+            machine_run_s=_minus(0.0, other.machine_run_s),
+            machine_steal_s=_minus(0.0, other.machine_steal_s))
         return self - neg
 
     def __sub__(self, other: Snapshot) -> Snapshot:
@@ -194,7 +241,9 @@ class Snapshot:
                         samples=self.samples - other.samples,
                         resources=self.resources or other.resources,
                         gil_held=self.gil_held - other.gil_held,
-                        gil_probes=self.gil_probes - other.gil_probes)
+                        gil_probes=self.gil_probes - other.gil_probes,
+                        machine_run_s=_minus(self.machine_run_s, other.machine_run_s),
+                        machine_steal_s=_minus(self.machine_steal_s, other.machine_steal_s))
 
 
 class Accounting:
@@ -210,6 +259,7 @@ class Accounting:
         self._h2d: list[Any] = [0, 0.0]  # copies, seconds
         self._t0 = time.perf_counter()
         self._cpu0 = time.process_time()
+        self._machine0 = _machine_times()
         self._wait = 0.0
         self._first_wait = 0.0
         self._batches = 0
@@ -303,6 +353,8 @@ class Accounting:
                 tcpu[s] += a.cpu[s]
                 timed[s] += a.timed[s]
         delay = _summed_delay(accs, (DECODE, ASSEMBLE, FETCH))
+        machine, m0 = _machine_times(), self._machine0
+        run, steal = (machine[0] - m0[0], machine[1] - m0[1]) if machine and m0 else (None, None)
         if self.h2d_source is not None:
             copies, seconds = self.h2d_source()
             with self._lock:
@@ -321,7 +373,8 @@ class Accounting:
                         cpu_threads_run_delay_s=delay, wait_s=self._wait,
                         first_wait_s=self._first_wait, batches=self._batches,
                         samples=self._samples, resources=resources,
-                        gil_held=self.probe.held, gil_probes=self.probe.probes)
+                        gil_held=self.probe.held, gil_probes=self.probe.probes,
+                        machine_run_s=run, machine_steal_s=steal)
 
 
 @dataclass(frozen=True)
@@ -355,8 +408,11 @@ def gil_share(s: Snapshot, cores: int) -> float:
     block in I/O): their wall time minus their CPU time is time the threads were
     not running.  Less the time they spent runnable but waiting for a core (the
     scheduler's run-queue delay of those threads, ``/proc/self/task/*/schedstat``;
-    where it cannot be read, the wall time beyond what the cores could run), the
-    rest is time they were blocked: on the GIL, which another thread held.  A
+    where it cannot be read, the wall time beyond what the cores could run), and
+    less the time a hypervisor stole from them while they ran (a virtual
+    machine's stolen time is off the threads' CPU clocks and in no run queue:
+    their CPU time times the machine's stolen over run seconds, ``/proc/stat``),
+    the rest is time they were blocked: on the GIL, which another thread held.  A
     thread waits for the GIL only while another runs, so the share is scaled by
     the process's CPU rate in cores when that is under 1 (threads blocked in I/O
     inside ``__getitem__`` with nothing running are not read as GIL).
@@ -383,8 +439,11 @@ def gil_share(s: Snapshot, cores: int) -> float:
         reads = s.stages.get("fetch")
         if reads is not None and reads.cpu_s is not None and reads.wall_s > 0:
             delay *= busy / (busy + reads.wall_s)
+    stolen = 0.0
+    if s.machine_run_s and s.machine_steal_s and s.machine_run_s > 0:
+        stolen = cpu * max(0.0, s.machine_steal_s) / s.machine_run_s
     rate = s.process_cpu_s / s.elapsed_s
-    return min(1.0, max(0.0, (off - max(0.0, delay)) * min(1.0, rate) / busy))
+    return min(1.0, max(0.0, (off - max(0.0, delay) - stolen) * min(1.0, rate) / busy))
 
 
 def analyse(s: Snapshot, cores: int) -> Analysis:
