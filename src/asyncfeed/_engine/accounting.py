@@ -1,7 +1,7 @@
 """Where a pass's time goes: per-stage accounting, always on, and its reading.
 
-Internal API (used by the pipelines, ``stats()``, the live view and the
-thread-count controller); small on purpose:
+Internal API (used by the pipelines, ``stats()`` and the live view); small on
+purpose:
 
 - ``Accounting()``: one per pass, made by the pipeline (``pipeline.acct``).
   Threads record into accumulators of their own (no lock per sample; the
@@ -33,10 +33,6 @@ thread-count controller); small on purpose:
   is the window between two snapshots; :func:`analyse` turns a snapshot or a
   window into an :class:`Analysis` (gil share, busy threads, per-resource load,
   the bottleneck).
-- ``acct.threads_run_delay()``, ``acct.gil_held()``: the decode threads' run-queue
-  delay so far, the GIL probe's counts,
-  which the adaptive thread count reads once per window to tell threads that
-  wait for the GIL from threads that wait for a core.
 
 Cost: two clock reads per stage boundary and a few list updates, about 1 us per
 boundary; nothing is allocated or locked per sample.
@@ -323,19 +319,6 @@ class Accounting:
         self.probe.close(wait=wait)
 
     # ------------------------------------------------------------------ reading
-    def threads_run_delay(self) -> float | None:
-        """The run-queue delay (seconds) the threads that ran ``decode`` or
-        ``assemble`` have had since they first recorded, summed; None where the
-        scheduler does not say.  Any thread; reads one small procfs file per
-        such thread (the adaptive thread count calls it once per window)."""
-        with self._lock:
-            accs = list(self._accs)
-        return _summed_delay(accs, (DECODE, ASSEMBLE))
-
-    def gil_held(self) -> tuple[int, int]:
-        """The GIL probe's running counts: (wake-ups that found the GIL held, wake-ups)."""
-        return self.probe.held, self.probe.probes
-
     def snapshot(self) -> Snapshot:
         """Cumulative figures since the pass started (any thread; cheap: sums a few
         lists and reads one small procfs file per thread that ran CPU stages)."""
