@@ -321,7 +321,8 @@ class Accounting:
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> Snapshot:
         """Cumulative figures since the pass started (any thread; cheap: sums a few
-        lists and reads one small procfs file per thread that ran CPU stages)."""
+        lists, reads one small procfs file per thread that ran CPU stages and
+        ``/proc/stat``'s first line)."""
         if self._final is not None:
             return self._final
         elapsed = time.perf_counter() - self._t0
