@@ -166,6 +166,7 @@ _TICK = _clock_tick()
 
 
 def _minus(a: float | None, b: float | None) -> float | None:
+    """``a - b``, None where either is not known (a reading the machine does not give)."""
     return None if a is None or b is None else a - b
 
 
@@ -214,8 +215,7 @@ class Snapshot:
             stages={k: StageStats(-v.count, -v.wall_s, None if v.cpu_s is None else -v.cpu_s)
                     for k, v in other.stages.items()},
             process_cpu_s=-other.process_cpu_s,
-            cpu_threads_run_delay_s=None if other.cpu_threads_run_delay_s is None
-            else -other.cpu_threads_run_delay_s,
+            cpu_threads_run_delay_s=_minus(0.0, other.cpu_threads_run_delay_s),
             wait_s=-other.wait_s, first_wait_s=-other.first_wait_s, batches=-other.batches,
             samples=-other.samples, resources=other.resources,
             gil_held=-other.gil_held, gil_probes=-other.gil_probes,
@@ -224,14 +224,13 @@ class Snapshot:
         return self - neg
 
     def __sub__(self, other: Snapshot) -> Snapshot:
-        delay = None
-        if self.cpu_threads_run_delay_s is not None and other.cpu_threads_run_delay_s is not None:
-            delay = self.cpu_threads_run_delay_s - other.cpu_threads_run_delay_s
         stages = {k: self.stages.get(k, StageStats()) - other.stages.get(k, StageStats())
                   for k in STAGES if k in self.stages or k in other.stages}
         return Snapshot(elapsed_s=self.elapsed_s - other.elapsed_s, stages=stages,
                         process_cpu_s=self.process_cpu_s - other.process_cpu_s,
-                        cpu_threads_run_delay_s=delay, wait_s=self.wait_s - other.wait_s,
+                        cpu_threads_run_delay_s=_minus(self.cpu_threads_run_delay_s,
+                                                       other.cpu_threads_run_delay_s),
+                        wait_s=self.wait_s - other.wait_s,
                         first_wait_s=self.first_wait_s - other.first_wait_s,
                         batches=self.batches - other.batches,
                         samples=self.samples - other.samples,

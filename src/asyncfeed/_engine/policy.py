@@ -119,11 +119,12 @@ step 3 where step 3 would run more threads than the cores: threads past the
 cores gain only by overlapping a wait, and rows that hold the GIL part of the
 time (two threads beat one, but not by the cores) would spend step 3's duel
 there before reaching processes.  Where processes won, step 3 has no thread
-choice to climb from; where they lost, it follows.  And where the start won step 1 by less than its
-threads could (its rate short of ``min(threads, cores left)`` times one thread's,
-beyond the margin: the GIL or contention stopped them scaling), step 4 comes before
-step 2: fewer threads could only match the start at a lower cost, processes may go
-faster (on many cores each rung of the walk down is a duel of its own first).
+choice to climb from; where they lost, it follows.  And where the start won step
+1 by less than its threads could (its rate short of ``min(threads, cores left)``
+times one thread's, beyond the margin: the GIL or contention stopped them
+scaling), step 4 comes before step 2: fewer threads could only match the start
+at a lower cost, processes may go faster (on many cores each rung of the walk
+down is a duel of its own first).
 Where step 1's first round leaves it open (the start led by more than
 ``min_margin`` but within twice the margin: ``duel.unsure``) and the start's
 rate is short of that reach all the same, step 4 comes then, against the start:
@@ -131,9 +132,8 @@ more rounds would only choose between thread counts that processes may beat,
 and they are what a short epoch of rows that hold the GIL part of the time
 spends exploring.  Step 4's bounds are then beaten by the start's own spread,
 not by that round's margin: the margin is what the open duel reads again (one
-slow window sets it alone).  Where
-processes lose, step 1 goes on from its windows for the rounds it had left, and
-the search from there.
+slow window sets it alone).  Where processes lose, step 1 goes on from its
+windows for the rounds it had left, and the search from there.
 
 Then the choice is *settled*: later windows, and later passes of the same
 loader, run it without exploring.  Where the median of the last
