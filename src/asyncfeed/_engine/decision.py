@@ -31,8 +31,9 @@ class Decision:
     (rows per CPU second of the choice's windows together, times the cores left
     to them, less the margin); else None.  ``processes_first``: the start's threads
     ran the rows one at a time, so processes were dueled first (the search's order).
-    ``processes_before_up``: one thread's rows never waited, so processes were
-    dueled before more threads than the cores (the search's order).
+    ``processes_before_up``: processes were dueled before more threads (the
+    search's order): one thread beat the start, or one thread's rows never
+    waited and more threads would be more than the cores.
     ``processes_before_down``: the start's threads beat one thread, or read open
     against it after one round, but ran the rows short of that many times its
     rate, so processes were dueled before fewer threads (the search's order).

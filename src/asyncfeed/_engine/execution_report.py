@@ -38,8 +38,9 @@ class ExecutionReport:
     why more threads were not measured (``NO_ROOM``: the rows already ran at the
     cores' rate), if they were not.  ``processes_first``: processes were dueled
     first, the start's threads having run the rows one at a time.
-    ``processes_before_up``: processes were dueled before more threads than the
-    cores, one thread's rows having never waited.  ``processes_before_down``:
+    ``processes_before_up``: processes were dueled before more threads, one
+    thread having beaten the threads at the cores, or its rows having never
+    waited where more threads would be more than the cores.  ``processes_before_down``:
     processes were dueled before fewer threads, the start's threads having run the
     rows short of their count times one thread's rate.  ``more_processes_skipped``: why
     twice the workers were not measured where processes were (``NO_ROOM``: their
@@ -90,8 +91,8 @@ class ExecutionReport:
         if self.processes_first:
             parts.append("processes tried first: the threads ran the rows one at a time")
         if self.processes_before_up:
-            parts.append("processes tried before more threads than the cores: one "
-                         "thread's rows never waited")
+            parts.append("processes tried before more threads: one thread beat the "
+                         "threads at the cores, or its rows never waited")
         if self.processes_before_down:
             parts.append("processes tried before fewer threads: the threads ran the rows "
                          "short of their count times one thread's rate")

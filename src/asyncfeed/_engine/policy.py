@@ -119,7 +119,13 @@ step 3 where step 3 would run more threads than the cores: threads past the
 cores gain only by overlapping a wait, and rows that hold the GIL part of the
 time (two threads beat one, but not by the cores) would spend step 3's duel
 there before reaching processes.  Where processes won, step 3 has no thread
-choice to climb from; where they lost, it follows.  And where the start won step
+choice to climb from; where they lost, it follows.  Where one thread won step 1
+(the start's threads do not scale past one: the GIL, or contention) and step 3
+has a rung to climb to, step 4 comes before step 3 too: the climb can gain what
+a few threads overlap, processes the cores.  Where processes won, the climb then
+starts from the one thread they beat, each rung dueled against them while it
+wins (a rung whose reach, as in step 3, cannot beat them by the margin is not
+dueled); where they lost, it follows as usual.  And where the start won step
 1 by less than its threads could (its rate short of ``min(threads, cores left)``
 times one thread's, beyond the margin: the GIL or contention stopped them
 scaling), step 4 comes before step 2: fewer threads could only match the start
@@ -196,6 +202,9 @@ class _Replay(SearchBounds):
         self.processes_first = False   # the start's threads ran the rows one at a time
         self.processes_before_up = False  # one thread's rows never waited
         self.processes_before_down = False  # the start's threads fell short of scaling
+        # the thread choice that processes were dueled against before the climb (step
+        # 3): where they won, the climb starts from it
+        self.climb_from: Candidate | None = None
         # the bottom duel left open for processes: its windows and next round
         self.deferred: tuple[list[Window], list[Window], int] | None = None
         self.mine: list[Window] = []
@@ -218,11 +227,13 @@ class _Replay(SearchBounds):
                 return None
             return one
         if phase in ("down", "up"):
+            if phase == "up" and self.choice == self.process and self.climb_from is not None:
+                i = self._rung(self.climb_from)  # processes came first and won
             if i < 0 or (self.single_step and self.moved):
                 return None
             j = i - 1 if phase == "down" else i + 1
             if 0 <= j < len(self.rungs) and self.rungs[j] not in self.tried:
-                if phase == "up" and self._beyond_reach(self.rungs[j]):
+                if phase == "up" and self._beyond_reach(self.rungs[j], self.rungs[i]):
                     self.threads_skipped = Reason.NO_ROOM
                     return None
                 return self.rungs[j]
@@ -364,7 +375,8 @@ class _Replay(SearchBounds):
                 self.soloing = False
                 self._advance()
             return
-        if self.rival is None:
+        rival = self.rival
+        if rival is None:
             return
         if w.candidate == self.choice:
             self.mine.append(w)
@@ -386,7 +398,7 @@ class _Replay(SearchBounds):
                 self.round += 1  # the dearer read faster, not clearly beyond the noise
             return
         self.duels.append(duel)
-        self.tried.update((self.rival, self.choice))
+        self.tried.update((rival, self.choice))
         self.margin = duel.margin
         won = duel.winner
         if won != self.choice:
@@ -400,10 +412,13 @@ class _Replay(SearchBounds):
             if won == duel.cheap:
                 # one thread stayed: no count below the start can win; climb from one
                 self.phases.remove("down")
+                self._order_processes_before_up()
             elif not self._order_processes_before_down():
                 self._order_processes_before_up()
             self.moved = False
-        elif (phase == "down" and won != duel.cheap) or (phase == "up" and won != duel.dear):
+        elif phase in ("down", "up") and won != rival:
+            # the walk goes on while the rung it tries wins (in the climb after
+            # processes, the rung is dueled against them)
             self.phases.pop(0)
             self.moved = False
         self._advance()
@@ -473,20 +488,27 @@ class _Replay(SearchBounds):
         return True
 
     def _order_processes_before_up(self) -> None:
-        """After the bottom duel that the start won: where one thread's rows never
-        waited (its windows kept the process a core busy, within ``min_margin``: the
-        rows, or the rows and the process's own Python between them) and the next
-        rung up runs more threads than the cores, processes come before more
-        threads (see the module docstring).  Windows that do not know their CPU
-        keep the order."""
+        """After the bottom duel: processes come before more threads (see the module
+        docstring) where one thread beat the start (threads do not scale past one:
+        the climb could gain a little, processes the cores) and the climb has a
+        rung to try, or where the start won, one thread's rows never waited (its
+        windows kept the process a core busy, within ``min_margin``: the rows, or
+        the rows and the process's own Python between them) and the next rung up
+        runs more threads than the cores.  Windows that do not know their CPU keep
+        the order in the second case.  Where processes then win, in the first case
+        the climb starts from the one thread they beat, each rung dueled against
+        them (within its reach: :meth:`_beyond_reach`); in the second it is over
+        (more threads than the cores gain only by overlapping a wait)."""
         i = self._rung(self.choice)
         if self.single_step or self.process is None or "up" not in self.phases \
                 or "processes" not in self.phases or i < 0 or i + 1 >= len(self.rungs) \
-                or self.rungs[i + 1].count <= self.space.cores:
+                or self.rungs[i + 1] in self.tried:
             return
-        if not self._solo_never_waited():
+        if self.choice == self.space.start and (self.rungs[i + 1].count <= self.space.cores
+                                                or not self._solo_never_waited()):
             return
         self.processes_before_up = True
+        self.climb_from = self.choice if self.choice != self.space.start else None
         self.phases.remove("processes")
         self.phases.insert(self.phases.index("up"), "processes")
 

@@ -81,17 +81,18 @@ class SearchBounds:
             return False
         return self.choice_rate > per_core * (1 + self._margin())
 
-    def _beyond_reach(self, more: Candidate) -> bool:
+    def _beyond_reach(self, more: Candidate, base: Candidate) -> bool:
         """Whether ``more`` threads cannot beat the choice by the margin: one process's
         threads run the rows on at most ``min(threads, cores left)`` cores (what the
         consumer and the hand-offs keep busy stays theirs: :meth:`_cores_left`),
-        each at most at :meth:`_core_rate` of the choice's windows (of every thread
-        window where the choice's do not know their CPU).  Where the choice's rate is
-        within the margin of that bound, the rows already take every core they can
-        have.
+        each at most at :meth:`_core_rate` of the windows of ``base``, the thread
+        count the climb steps up from (the choice, or the thread choice that
+        processes beat; of every thread window where those do not know their CPU).
+        Where the choice's rate is within the margin of that bound, the rows already
+        take every core they can have.
         False where no thread window knows its CPU (rows that wait on storage use
         little CPU: the bound is far above them)."""
-        per_core = self._core_rate(self.choice) or self._core_rate()
+        per_core = self._core_rate(base) or self._core_rate()
         if not per_core or self.choice_rate is None:
             return False
         return self._reaches(min(more.count, self._cores_left()) * per_core)
