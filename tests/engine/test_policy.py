@@ -1435,6 +1435,25 @@ def test_a_window_sees_its_completions_for_each_task_running_at_once(cores):
     assert w.seconds == pytest.approx(0.02 * PolicyConfig().window_events * cores)
 
 
+@pytest.mark.parametrize("cores", [2, 16])
+def test_the_window_not_used_at_the_start_sees_one_completion_per_task(cores):
+    """The pass's first window is not used (threads waking): it lasts until each of
+    the start's threads could have completed a task once, ``cores`` completions,
+    not a reading's ``window_events`` each (64 tasks on 16 cores, each a GIL-bound
+    row's worth).  One completion every 20 ms: the first reading closes at the
+    completion after the first, plus ``cores``, plus its own ``4 x cores``."""
+    clock = [0.0]
+    ch = Chooser(space(cores), clock=lambda: clock[0])
+    ctl = _Control(gil_free(cores), clock)
+    ch.begin_pass(ctl)
+    while not ch.record.windows:
+        ctl.advance(0.02, chunks=1)
+        ch.tick()
+    events = PolicyConfig().window_events * cores
+    assert ch.record.windows[0].seconds == pytest.approx(0.02 * events)
+    assert clock[0] == pytest.approx(0.02 * (1 + cores + events))
+
+
 def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():
     clock = [0.0]
     ch = Chooser(space(2), clock=lambda: clock[0])

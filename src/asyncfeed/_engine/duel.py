@@ -41,7 +41,10 @@ class PolicyConfig:
     below this gain stability is worth more.  ``recheck_windows``: settled
     windows before the first re-check may run (doubling after each).
     ``warmup_windows``: a pass's first windows after a start or a switch that
-    are not used (threads waking, the buffers filling).  ``start_attempts``:
+    are not used (threads waking, the buffers filling); such a window sees one
+    completion for each task the candidate runs at once, not ``window_events``
+    (it is no reading, and on many cores a reading's length is many tasks
+    each, a whole short epoch for sixteen workers).  ``start_attempts``:
     how often the process candidate may fail to start (the decode threads did
     not go quiet for the fork) before it counts as unavailable.  ``max_rounds``:
     a duel whose dearer side led the cheaper by more than ``min_margin``, but by
