@@ -492,6 +492,18 @@ def test_one_thread_beating_the_start_on_16_cores_duels_processes_before_the_cli
     assert d.processes_before_up and not d.processes_before_down, d
 
 
+def test_threads_whose_rows_cpu_reads_past_the_process_cpu_ran_them_one_at_a_time():
+    """The first window of a recorded run on 16 cores (pure Python rows): sixteen
+    threads' tasks that ended in it read 1.08 cores of CPU, beyond one core by more
+    than ``min_margin``, while the whole process took 1.02 cores over the window:
+    the tasks straddling its ends were counted whole.  The process's own reading
+    shows the rows ran one at a time, and processes are dueled first (one thread
+    and sixteen workers then read 568 and 8,700 rows/s)."""
+    sp, rec = recorded_on_16_cores([(16, 128, 0.19159, 0.19159, 0.20758, 0.19616)])
+    d = decide(rec, sp)
+    assert d.run == processes(16) and d.processes_first and not d.settled, d
+
+
 def contended_past_two(c: int, procs: float | None = None):
     """Rows that hold the GIL part of the time, and whose threads contend past two:
     two threads read 1.3x one thread, more read less (sixteen below one thread);

@@ -104,8 +104,10 @@ The search, replayed from the record by :func:`decide` (a pure function):
 
 Signals order the search, never decide it: where the start's first window
 shows its threads ran the rows one at a time (together they took no more than
-one core, within ``min_margin``, while the whole process was busy on one core or
-more: the GIL, held by the rows or the consumer's own Python, serialised them),
+one core, within ``min_margin``, or the whole process took no more -- the rows'
+CPU counts the tasks that ended in the window, whole -- while the whole process
+was busy on one core or more: the GIL, held by the rows or the consumer's own
+Python, serialised them),
 step 4 comes first, without one thread's solo windows for its bound -- fewer
 threads cannot beat threads that already ran one at a time, and processes are
 the one candidate that can (rows that wait on storage leave the process idle
@@ -525,13 +527,16 @@ class _Replay(SearchBounds):
 
     def _serialised(self, windows: list[Window]) -> bool:
         """Whether threads ran the rows of ``windows`` one at a time: the rows took no
-        more than one core (within ``min_margin``) while the whole process took at
-        least one.  False where the CPU is not known."""
+        more than one core (within ``min_margin``), or the whole process took no more
+        (the rows' CPU is that of the tasks that ended in the windows, so with many
+        threads it reads up to a task each more or less than they ran; the process's
+        is read over the windows themselves), while the whole process took at least
+        one.  False where the CPU is not known."""
         cores = pooled_cores(windows, whole=True)
         if cores is None:
             return False
         m = self.config.min_margin
-        return cores[0] <= 1 + m and cores[1] >= 1 - m
+        return min(cores) <= 1 + m and cores[1] >= 1 - m
 
     def _hopeless(self) -> bool:
         """The rival lost before its second window (``duel.hopeless``); not for a
