@@ -547,6 +547,19 @@ def test_where_processes_before_the_climb_win_narrowly_or_lose_the_climb_follows
     assert threads(8) not in ran, ran
 
 
+def test_a_recheck_of_processes_chosen_before_the_climb_steps_from_processes():
+    """Processes won before the climb, and the climb from one thread lost to them
+    (these windows know no CPU: no bound skips it).  A re-check steps one rung from
+    the choice itself, as any re-check: no thread count is dueled again."""
+    sp = space(16)
+    rec, ran = run(sp, contended_past_two(16))
+    assert decide(rec, sp).choice == processes(16) and threads(2) in ran, ran
+    rec.recheck_at.append(len(rec.windows))
+    rec, again = run(sp, contended_past_two(16), record=rec)
+    assert decide(rec, sp).choice == processes(16), again
+    assert not {c for c in again if c.mode is Mode.THREADS}, again
+
+
 def _report_of(rec: Record, sp: Space):
     ch = Chooser.__new__(Chooser)
     ch.record, ch.decision, ch.detail = rec, decide(rec, sp), ""

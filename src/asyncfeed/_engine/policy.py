@@ -202,7 +202,7 @@ class _Replay(SearchBounds):
         self.rival: Candidate | None = None
         self.soloing = False
         self.processes_first = False   # the start's threads ran the rows one at a time
-        self.processes_before_up = False  # one thread's rows never waited
+        self.processes_before_up = False  # processes came before the climb (step 3)
         self.processes_before_down = False  # the start's threads fell short of scaling
         # the thread choice that processes were dueled against before the climb (step
         # 3): where they won, the climb starts from it
@@ -561,6 +561,7 @@ class _Replay(SearchBounds):
         self.inline_skipped = None
         self.threads_skipped = None
         self.more_skipped = None
+        self.climb_from = None  # a re-check steps one rung from the choice itself
         self.fresh = []
         self.phases = ["down", "up", "processes", "inline"]
         self._advance()
