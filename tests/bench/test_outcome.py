@@ -403,3 +403,20 @@ def test_quick_run_leaves_no_process_or_folder_behind(quick):
             continue
         assert "while True: pass" not in cmd, f"neighbour {pid} still running"
     assert not [p for p in os.listdir(quick["tmp"]) if p.startswith("asyncfeed-outcome-runs-")]
+
+
+def test_device_script_runs_every_set_into_one_outcome_file(tmp_path):
+    """``bench/outcome_device.sh`` (what the device tool runs on a many-core machine),
+    as a smoke test: every set's round lands in one merged, re-summarised file."""
+    script = os.path.join(os.path.dirname(SCRIPT), "outcome_device.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OUT=str(tmp_path), PYTHON=sys.executable, QUICK="1")
+    proc = subprocess.run(["bash", script], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "outcome.json").read_text())
+    sets = {"gil-python", "text", "gil-free", "cifar-rng", "audio", "png-augment", "detection"}
+    assert {r["dataset"] for r in doc["rounds"]} == sets
+    assert {s["dataset"] for s in doc["summary"]} == sets
+    assert not (tmp_path / "inflight.txt").exists()
