@@ -1461,12 +1461,14 @@ def test_a_window_sees_its_completions_for_each_task_running_at_once(cores):
 
 
 @pytest.mark.parametrize("cores", [2, 16])
-def test_the_window_not_used_at_the_start_sees_one_completion_per_task(cores):
+def test_the_window_not_used_sees_one_completion_per_task(cores):
     """The pass's first window is not used (threads waking): it lasts until each of
     the start's threads could have completed a task once, ``cores`` completions,
     not a reading's ``window_events`` each (64 tasks on 16 cores, each a GIL-bound
     row's worth).  One completion every 20 ms: the first reading closes at the
-    completion after the first, plus ``cores``, plus its own ``4 x cores``."""
+    completion after the first, plus ``cores``, plus its own ``4 x cores``.  The
+    same after a switch to processes (on 16 cores a task is a batch: 64 replies
+    were most of a short epoch)."""
     clock = [0.0]
     ch = Chooser(space(cores), clock=lambda: clock[0])
     ctl = _Control(gil_free(cores), clock)
@@ -1477,6 +1479,15 @@ def test_the_window_not_used_at_the_start_sees_one_completion_per_task(cores):
     events = PolicyConfig().window_events * cores
     assert ch.record.windows[0].seconds == pytest.approx(0.02 * events)
     assert clock[0] == pytest.approx(0.02 * (1 + cores + events))
+    # after a switch to processes, likewise: each worker could have replied once
+    ch._switch(processes(cores))
+    switched = clock[0]
+    while len(ch.record.windows) < 2:
+        ctl.advance(0.02, chunks=1)
+        ch.tick()
+    assert ch.record.windows[1].candidate == processes(cores)
+    assert ch.record.windows[1].seconds == pytest.approx(0.02 * events)
+    assert clock[0] - switched == pytest.approx(0.02 * (1 + cores + events))
 
 
 def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():
