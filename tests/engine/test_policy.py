@@ -1440,6 +1440,14 @@ def test_the_chooser_reads_a_window_as_long_as_the_decision_asks():
     assert ch.record.windows[n].seconds == pytest.approx(0.06)
 
 
+def _complete_until(ch: Chooser, ctl: _Control, windows: int) -> None:
+    """One completion every 20 ms on ``ctl``'s clock, the chooser ticking after each,
+    until its record holds ``windows`` windows."""
+    while len(ch.record.windows) < windows:
+        ctl.advance(0.02, chunks=1)
+        ch.tick()
+
+
 @pytest.mark.parametrize("cores", [1, 2, 16])
 def test_a_window_sees_its_completions_for_each_task_running_at_once(cores):
     """Rows arrive in chunks, a task's (or a worker's reply) at a time: a window cut at
@@ -1452,9 +1460,7 @@ def test_a_window_sees_its_completions_for_each_task_running_at_once(cores):
     ch = Chooser(space(cores), clock=lambda: clock[0])
     ctl = _Control(gil_free(cores), clock)
     ch.begin_pass(ctl)
-    while not ch.record.windows:
-        ctl.advance(0.02, chunks=1)
-        ch.tick()
+    _complete_until(ch, ctl, windows=1)
     w = ch.record.windows[0]
     assert w.candidate == threads(cores)
     assert w.seconds == pytest.approx(0.02 * PolicyConfig().window_events * cores)
@@ -1473,18 +1479,14 @@ def test_the_window_not_used_sees_one_completion_per_task(cores):
     ch = Chooser(space(cores), clock=lambda: clock[0])
     ctl = _Control(gil_free(cores), clock)
     ch.begin_pass(ctl)
-    while not ch.record.windows:
-        ctl.advance(0.02, chunks=1)
-        ch.tick()
+    _complete_until(ch, ctl, windows=1)
     events = PolicyConfig().window_events * cores
     assert ch.record.windows[0].seconds == pytest.approx(0.02 * events)
     assert clock[0] == pytest.approx(0.02 * (1 + cores + events))
     # after a switch to processes, likewise: each worker could have replied once
     ch._switch(processes(cores))
     switched = clock[0]
-    while len(ch.record.windows) < 2:
-        ctl.advance(0.02, chunks=1)
-        ch.tick()
+    _complete_until(ch, ctl, windows=2)
     assert ch.record.windows[1].candidate == processes(cores)
     assert ch.record.windows[1].seconds == pytest.approx(0.02 * events)
     assert clock[0] - switched == pytest.approx(0.02 * (1 + cores + events))
