@@ -35,9 +35,9 @@ def test_the_plan_compares_the_fused_path_with_every_pipeline(tmp_path, monkeypa
                        ("dataloader", w, ds) for w in (0, 2, 4) for ds in ("pil", "train")}
     assert bench.skipped["torchvision (h)"].startswith("skipped (not installed)")
     spec = bench._spec(next(c for c in h if c.family == "asyncfeed" and c.dataset == "train"))
-    assert spec["dataset"]["normalize"] is True and spec["dataset"]["samples"] == 640
+    assert spec["dataset"]["normalize"] is True and spec["dataset"]["samples"] == 1920
     pil = bench._spec(next(c for c in h if c.dataset == "pil"))["dataset"]
-    assert "normalize" not in pil and pil["samples"] == 640  # (g)'s PIL set runs 320
+    assert "normalize" not in pil and pil["samples"] == 1920  # (g)'s PIL set runs 320
     monkeypatch.setattr(augment, "torchvision_missing", lambda: None)
     bench = Bench(Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("h",)))
     bench.plan()
@@ -125,9 +125,10 @@ def test_a_round_that_other_load_disturbed_is_paired_as_the_medians_read_it(tmp_
 
 
 def test_h_runs_as_many_rounds_as_a(tmp_path):
-    s = Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("a", "h", "c"))
+    s = Settings(root=str(tmp_path), synthetic=True, cores=2, workloads=("a", "h", "c", "d"))
     bench = Bench(s)
-    assert bench.rounds("h") == bench.rounds("a") == s.repeats > bench.rounds("c")
+    assert bench.rounds("h") == bench.rounds("a") == bench.rounds("c") == s.repeats
+    assert s.repeats > bench.rounds("d") == s.repeats_other
 
 
 def test_real_runs_give_normalized_float_batches(folder):

@@ -106,11 +106,12 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--contenders", type=_names(tuple(FAMILIES)), default=tuple(FAMILIES),
                    help="comma-separated subset of " + ",".join(FAMILIES))
     b.add_argument("--repeats", type=int, default=None,
-                   help="rounds of every configuration of (a), (b), (f), (h), the ceiling "
-                        "and the overhead, interleaved A B A B; the others get min(N, 2); "
+                   help="rounds of every configuration of (a), (b), (c), (f), (g), (h), the "
+                        "ceiling and the overhead, interleaved A B A B; the others get "
+                        "min(N, 2); "
                         "figures are medians (3; 1 with --quick)")
     b.add_argument("--samples", type=int, default=None,
-                   help="samples per run in workload a (640); b and c scale from it")
+                   help="samples per run in workload a (640); b, c, g and h scale from it")
     b.add_argument("--workers", type=_ints, default=None,
                    help="DataLoader num_workers sweep (default 0,1,2,4,... up to 2x cores)")
     b.add_argument("--threads", type=_ints, default=None,
@@ -152,6 +153,10 @@ def _remote_args(b: argparse.ArgumentParser) -> None:
                         "mount (a FUSE passthrough of the folder; needs /dev/fuse) (http)")
     b.add_argument("--mount-ms", type=_floats, default=(2.0, 10.0),
                    help="workload e, mount: milliseconds per open and per first read (2,10)")
+    b.add_argument("--train-samples", type=int, default=None,
+                   help="samples per run in workload h (3 x --samples: long enough that the "
+                        "defaults' first windows, which measure their executions, are not "
+                        "most of the run)")
     b.add_argument("--remote-samples", type=int, default=None,
                    help="samples per run in workload e (2/5 of --samples)")
 
@@ -409,6 +414,7 @@ def _settings(args: argparse.Namespace, data: dict, cores: int, batch: int, samp
         single_limit=not quick, retry_disturbed=not quick,
         samples_cifar=2048 if quick else args.cifar_samples,
         samples_pil=samples if quick else max(batch, samples // 2),
+        samples_train=args.train_samples or (samples if quick else 3 * samples),
         samples_noop=2048 if quick else 20_000,
         ceiling_threads=(8, 32) if quick else args.ceiling_threads,
         ceiling_seconds=0.3 if quick else 1.0)

@@ -9,7 +9,7 @@ from . import contenders
 
 #: the workloads every configuration of which runs ``Settings.repeats`` rounds; the
 #: others run ``min(repeats, repeats_other)``
-FULL_ROUNDS = ("a", "b", "f", "h", "ceiling", "overhead")
+FULL_ROUNDS = ("a", "b", "c", "f", "g", "h", "ceiling", "overhead")
 
 
 @dataclass
@@ -25,6 +25,7 @@ class Settings:
     families: tuple[str, ...] = tuple(contenders.FAMILIES)
     repeats: int = 3            # rounds for the workloads of FULL_ROUNDS
     repeats_other: int = 2      # at most this many for the others
+    full_rounds: tuple[str, ...] = FULL_ROUNDS  # recorded: the report names them
     samples: int = 640          # per run, workload a
     samples_ram: int = 512      # workload b
     samples_gil: int = 320      # workload c
@@ -53,6 +54,7 @@ class Settings:
     batch_size_small: int = 128   # workloads f and overhead (CIFAR-sized samples)
     samples_cifar: int = 20_000   # workload f: the set's size, one epoch per run
     samples_pil: int = 320        # workload g
+    samples_train: int = 1920     # workload h
     samples_noop: int = 20_000    # workload overhead
     ceiling_threads: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
     ceiling_seconds: float = 1.0  # workload ceiling: each run's length at the ideal rate

@@ -286,7 +286,8 @@ def settings_line(results: dict) -> str:
             "files, picked at random)")
     other = min(s["repeats"], s["repeats_other"])
     plural = "s" if s["repeats"] != 1 else ""
-    full = ", ".join(f"({w})" if len(w) == 1 else f"the {w}" for w in FULL_ROUNDS)
+    full = ", ".join(f"({w})" if len(w) == 1 else f"the {w}"
+                     for w in s.get("full_rounds", FULL_ROUNDS))
     rounds = (f"{s['repeats']} round{plural}" if other == s["repeats"] else
               f"{s['repeats']} rounds for {full}, {other} for the rest")
     return (f"{s['size']}x{s['size']} uint8, batch {s['batch_size']}, {rounds} "

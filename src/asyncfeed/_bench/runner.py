@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from . import contenders
 from .client import RunServer, ServerError
-from .config import FULL_ROUNDS, Config, Settings, default_threads, default_workers
+from .config import Config, Settings, default_threads, default_workers
 from .machine import machine_info
 from .summary import (_best, _disturbed, _relative, _resolved, headline, paired_ratios,
                       summarize)
@@ -211,7 +211,7 @@ class Bench:
         return cfgs
 
     def rounds(self, workload: str) -> int:
-        return self.s.repeats if workload in FULL_ROUNDS \
+        return self.s.repeats if workload in self.s.full_rounds \
             else min(self.s.repeats, self.s.repeats_other)
 
     def n_runs(self) -> int:
@@ -231,8 +231,8 @@ class Bench:
                    "gil-numpy": s.samples_gil, "cifar": s.samples_cifar,
                    "pil": s.samples_pil, "noop": s.samples_noop,
                    "sleep": 0}.get(cfg.dataset, s.samples_remote)
-        if cfg.workload == "h":  # (a)'s count: a pass long enough for the loaders to settle
-            samples = s.samples
+        if cfg.workload == "h":
+            samples = s.samples_train
         if cfg.dataset == "sleep":  # about ceiling_seconds at the ideal rate T / 5 ms
             samples = max(4 * s.batch_size, int((cfg.knob or 1) / SLEEP_S * s.ceiling_seconds))
         if cfg.mode == "step":  # paced by the step, not by the loader: half as many do
