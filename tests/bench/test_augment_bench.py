@@ -3,6 +3,10 @@ data sets through the bench's run function (no timing asserted)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -197,3 +201,19 @@ def test_torchvision_that_does_not_import_is_told_apart_from_missing(monkeypatch
     why = augment.torchvision_missing()
     assert why.startswith("skipped (installed, but does not import with this torch")
     assert "torchvision::nms" in why
+
+
+def test_the_row_overhead_script_prints_each_way_of_running_a_row(folder):
+    """``bench/row_overhead.py`` runs its three contenders on a small folder and prints
+    each one's CPU per row (the figures themselves are the machine's, not asserted)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "src"))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "bench", "row_overhead.py"), folder,
+         "--size", "32", "--samples", "12", "--rounds", "2", "--batch-size", "4"],
+        env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split("  ")[0].strip() for line in lines] == [
+        "bare", "bare, rows of a batch", "loader thread", "loader consumer"]
+    assert all(line.endswith(" ms/row") and len(line.split()) >= 4 for line in lines)
