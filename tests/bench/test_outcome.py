@@ -420,3 +420,26 @@ def test_device_script_runs_every_set_into_one_outcome_file(tmp_path):
     assert {r["dataset"] for r in doc["rounds"]} == sets
     assert {s["dataset"] for s in doc["summary"]} == sets
     assert not (tmp_path / "inflight.txt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_pinned_rates_runs_each_candidate_beside_the_neighbour_and_leaves_none(tmp_path):
+    """``bench/pinned_rates.py`` runs every candidate pinned, in its own process, each
+    round, and prints one line per set and candidate; its neighbour is gone after."""
+    script = os.path.join(os.path.dirname(SCRIPT), "pinned_rates.py")
+    env = dict(os.environ, PYTHONPATH=SRC)
+    proc = subprocess.run(
+        [sys.executable, script, "--datasets", "detection", "--candidates",
+         "inline,threads:2,processes:2", "--rounds", "2", "--epochs", "2", "--quick",
+         "--neighbour"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "detection inline 0", "detection threads 2", "detection processes 2"]
+    assert all("first epoch" in line and "later epochs" in line for line in lines)
+    busy = subprocess.run(["pgrep", "-f", "^[^ ]*python[^ ]* -c while True: pass$"],
+                          capture_output=True, text=True)
+    assert busy.returncode == 1, busy.stdout  # no busy loop left running
+    bad = subprocess.run([sys.executable, script, "--candidates", "gpu:2"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "unknown execution 'gpu'" in bad.stderr
