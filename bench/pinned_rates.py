@@ -27,7 +27,8 @@ _CHILD = r"""
 import json, sys, time
 from asyncfeed import AsyncLoader
 from asyncfeed._bench import userdata
-name, mode, count, epochs, quick = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+name, mode, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+epochs, quick = int(sys.argv[4]), sys.argv[5] == "1"
 b = userdata.build(name, quick=quick)
 kw = {"execution": mode}
 if mode == "threads":
@@ -56,7 +57,8 @@ def _candidates(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def _run(name: str, cand: tuple[str, int], epochs: int, quick: bool, timeout: float) -> list[float]:
+def _run(name: str, cand: tuple[str, int], epochs: int, quick: bool,
+         timeout: float) -> list[float]:
     proc = subprocess.run([sys.executable, "-c", _CHILD, name, cand[0], str(cand[1]), str(epochs),
                            "1" if quick else "0"], capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -87,8 +89,8 @@ def main() -> None:
             for cand, rates in runs.items():
                 first = [run[0] for run in rates]
                 later = [statistics.median(run[1:]) for run in rates if len(run) > 1]
-                line = (f"{name} {cand[0]} {cand[1]}: first epoch {statistics.median(first):,.0f}/s "
-                        f"(slowest {min(first):,.0f})")
+                line = (f"{name} {cand[0]} {cand[1]}: first epoch "
+                        f"{statistics.median(first):,.0f}/s (slowest {min(first):,.0f})")
                 if later:
                     line += (f", later epochs {statistics.median(later):,.0f}/s "
                              f"(slowest {min(later):,.0f})")

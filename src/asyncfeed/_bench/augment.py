@@ -171,8 +171,9 @@ def section(rows: list[dict], settings: dict, fmt: Any, name: Any
             _by_round(r, fmt), fmt(r.get("cpu_per_sample_ms"), ".3f"),
             fmt(r.get("cpu_vs_pil_w0"), ".2f"),
             fmt(r.get("peak_pss_bytes"), "mb")] for r in rows]
+    samples = settings.get("samples_train", settings.get("samples"))
     title = (f"(h) training augmentation: random-resized-crop + flip to {settings['size']}, "
-             f"normalized; {settings.get('samples_train', settings.get('samples'))} samples per run, batch "
+             f"normalized; {samples} samples per run, batch "
              f"{settings['batch_size']}; x: rate against the best DataLoader setting of that "
              f"pipeline; x limit: the medians' ratio; by round: each round's run against the "
              f"limit's run of that round, median (worst); CPU x: against DataLoader w=0 on "
