@@ -18,13 +18,16 @@ choice settled, the windows measured, the first epoch -- a change to the search
 judged by what it spends, which a shared machine's noise moves less than the rate.
 With ``--neighbour`` one busy-looping process runs beside every run (as the outcome
 bench's neighbour rounds); each data set's line then tells how often each choice was
-made, the stability a busy machine leaves.
+made, the stability a busy machine leaves.  With ``--epochs N`` each ``auto`` run goes
+on for N epochs and its choice is read after the last (how many were still measuring
+is printed); ``--choices-only`` runs no pinned loader, only the count of choices.
 
     PYTHONPATH=src python bench/explore_cost.py --rounds 3
     PYTHONPATH=src python bench/explore_cost.py --datasets gil-python,detection --window-s 0.02
     PYTHONPATH=src python bench/explore_cost.py --datasets png-augment --rounds 8 \
         --tree /tmp/before/src
     PYTHONPATH=src python bench/explore_cost.py --datasets gil-python --rounds 10 --neighbour
+    PYTHONPATH=src python bench/explore_cost.py --rounds 10 --epochs 3 --choices-only --neighbour
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ from asyncfeed import AsyncLoader
 from asyncfeed._bench import userdata
 from asyncfeed._engine import chooser, policy
 name, pin, window_s = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+epochs = int(sys.argv[4])
 if window_s > 0:
     cfg = dataclasses.replace(policy.PolicyConfig(), window_s=window_s)
     d = list(chooser.Chooser.__init__.__defaults__)
@@ -65,19 +69,24 @@ for batch in al:
     if settled_at is None and not al._chooser.exploring:
         settled_at = time.perf_counter() - t0
 t = time.perf_counter() - t0
+for _ in range(epochs - 1):  # the later epochs: only the choice they end on is read
+    for batch in al:
+        pass
 ch = al._chooser
 out = {"seconds": t, "settled_s": settled_at, "batches": n,
        "choice": [ch.decision.choice.mode.value, ch.decision.choice.count],
+       "settled": not ch.exploring,
        "windows": len(ch.record.windows), "report": str(ch.report())}
 al.close()
 print("RESULT " + json.dumps(out))
 """
 
 
-def _run(name: str, pin: list | None, window_s: float, src: str | None = None) -> dict:
+def _run(name: str, pin: list | None, window_s: float, src: str | None = None,
+         epochs: int = 1) -> dict:
     env = None if src is None else dict(os.environ, PYTHONPATH=src)
-    p = subprocess.run([sys.executable, "-c", _CHILD, name, json.dumps(pin), str(window_s)],
-                       capture_output=True, text=True, timeout=600, env=env)
+    p = subprocess.run([sys.executable, "-c", _CHILD, name, json.dumps(pin), str(window_s),
+                        str(epochs)], capture_output=True, text=True, timeout=600, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -92,6 +101,11 @@ def main() -> None:
     ap.add_argument("--tree", default=None, help="another checkout's src: alternate with it")
     ap.add_argument("--neighbour", action="store_true",
                     help="one busy-looping process beside every run")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="epochs of each auto run: its choice is read after the last "
+                         "(the first epoch is the one timed)")
+    ap.add_argument("--choices-only", action="store_true",
+                    help="no pinned runs: only how often each choice was made")
     args = ap.parse_args()
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
         if args.neighbour else None
@@ -111,22 +125,30 @@ def _main(args: argparse.Namespace) -> None:
         ratios, rows = [], []
         choices: list[str] = []
         pin: list | None = None
+        unsettled = 0
         for r in range(args.rounds):
-            if r % 2 and pin is not None:  # B A: pinned first, to the last round's choice
+            if args.choices_only:
+                auto, pinned = _run(name, None, args.window_s, epochs=args.epochs), None
+            elif r % 2 and pin is not None:  # B A: pinned first, to the last round's choice
                 pinned = _run(name, pin, 0.0)
-                auto = _run(name, None, args.window_s)
+                auto = _run(name, None, args.window_s, epochs=args.epochs)
             else:
-                auto = _run(name, None, args.window_s)
+                auto = _run(name, None, args.window_s, epochs=args.epochs)
                 pinned = _run(name, auto["choice"], 0.0)
             pin = auto["choice"]
             choices.append(f"{pin[0]} {pin[1]}")
-            ratios.append(pinned["seconds"] / auto["seconds"])
-            rows.append(f"  round {r}: auto {auto['seconds']:.3f}s (settled "
-                        f"{auto['settled_s'] or float('nan'):.3f}s, {auto['windows']} windows, "
-                        f"{auto['choice'][0]} {auto['choice'][1]}) pinned {pinned['seconds']:.3f}s "
-                        f"-> {ratios[-1]:.2f}")
-        print(f"{name}: rate auto/pinned median {statistics.median(ratios):.2f} "
-              f"worst {min(ratios):.2f}; choices {_tally(choices)}")
+            unsettled += not auto["settled"]
+            row = (f"  round {r}: auto {auto['seconds']:.3f}s (settled "
+                   f"{auto['settled_s'] or float('nan'):.3f}s, {auto['windows']} windows, "
+                   f"{auto['choice'][0]} {auto['choice'][1]})")
+            if pinned is not None:
+                ratios.append(pinned["seconds"] / auto["seconds"])
+                row += f" pinned {pinned['seconds']:.3f}s -> {ratios[-1]:.2f}"
+            rows.append(row)
+        rate = (f"rate auto/pinned median {statistics.median(ratios):.2f} "
+                f"worst {min(ratios):.2f}; " if ratios else "")
+        print(f"{name}: {rate}choices after {args.epochs} epoch(s) {_tally(choices)}"
+              f" ({unsettled} still measuring)")
         print("\n".join(rows), flush=True)
 
 

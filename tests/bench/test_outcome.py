@@ -443,3 +443,19 @@ def test_pinned_rates_runs_each_candidate_beside_the_neighbour_and_leaves_none(t
     bad = subprocess.run([sys.executable, script, "--candidates", "gpu:2"], env=env,
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "unknown execution 'gpu'" in bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_explore_cost_counts_the_choices_after_the_epochs_asked(tmp_path):
+    """``bench/explore_cost.py --choices-only --epochs N``: one auto run per round, its
+    choice read after N epochs and tallied, with how many were still measuring."""
+    script = os.path.join(os.path.dirname(SCRIPT), "explore_cost.py")
+    env = dict(os.environ, PYTHONPATH=SRC)
+    proc = subprocess.run(
+        [sys.executable, script, "--datasets", "detection", "--rounds", "2", "--epochs", "2",
+         "--choices-only"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, *rounds = proc.stdout.splitlines()
+    assert head.startswith("detection: choices after 2 epoch(s) ") and "still measuring)" in head
+    assert "/2" in head and "pinned" not in proc.stdout
+    assert [r.split(":")[0].strip() for r in rounds] == ["round 0", "round 1"]
