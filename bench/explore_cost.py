@@ -39,6 +39,8 @@ import statistics
 import subprocess
 import sys
 
+from asyncfeed._bench.neighbour import busy_neighbour
+
 _CHILD = r"""
 import json, sys, time, dataclasses
 from asyncfeed import AsyncLoader
@@ -107,14 +109,8 @@ def main() -> None:
     ap.add_argument("--choices-only", action="store_true",
                     help="no pinned runs: only how often each choice was made")
     args = ap.parse_args()
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
-        if args.neighbour else None
-    try:
+    with busy_neighbour(args.neighbour):
         _main(args)
-    finally:
-        if neighbour is not None:
-            neighbour.kill()
-            neighbour.wait()
 
 
 def _main(args: argparse.Namespace) -> None:

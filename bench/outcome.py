@@ -46,7 +46,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,19 +54,10 @@ from typing import Any
 from asyncfeed._bench import userdata
 from asyncfeed._bench.client import RunServer
 from asyncfeed._bench.machine import machine_info
+from asyncfeed._bench.neighbour import busy_neighbour
 from asyncfeed._bench.outcome_report import execution_key, markdown, summarise
 
 DL_WORKERS = (0, 2, 4)
-
-
-def _neighbour() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None:
-        proc.kill()
-        proc.wait()
 
 
 def _line(r: dict) -> str:
@@ -166,12 +156,9 @@ def main() -> None:
                                 "workdir": workdir, "family": family, "workers": workers,
                                 "epochs": args.epochs if family == "asyncfeed"
                                 else args.dl_epochs}
-                        neighbour = _neighbour() if condition == "neighbour" else None
-                        try:
+                        with busy_neighbour(condition == "neighbour") as neighbour:
                             out = server.run(spec, timeout=args.timeout, pss_interval=3600,
                                              rss_interval=0.5)
-                        finally:
-                            _stop(neighbour)
                         r = {"dataset": name, "condition": condition, "round": n,
                              "family": family, "workers": workers, "ok": bool(out.get("ok")),
                              "epochs": out.get("epochs", []), "cpu_s": out.get("cpu_s"),

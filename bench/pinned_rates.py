@@ -23,6 +23,8 @@ import statistics
 import subprocess
 import sys
 
+from asyncfeed._bench.neighbour import busy_neighbour
+
 _CHILD = r"""
 import json, sys, time
 from asyncfeed import AsyncLoader
@@ -77,9 +79,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="the data sets' small versions")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     args = p.parse_args()
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
-        if args.neighbour else None
-    try:
+    with busy_neighbour(args.neighbour):
         for name in args.datasets.split(","):
             runs: dict[tuple[str, int], list[list[float]]] = {c: [] for c in args.candidates}
             for r in range(args.rounds):
@@ -95,10 +95,6 @@ def main() -> None:
                     line += (f", later epochs {statistics.median(later):,.0f}/s "
                              f"(slowest {min(later):,.0f})")
                 print(line, flush=True)
-    finally:
-        if neighbour is not None:
-            neighbour.kill()
-            neighbour.wait()
 
 
 if __name__ == "__main__":

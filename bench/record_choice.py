@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from asyncfeed._bench.neighbour import busy_neighbour
+
 _CHILD = r"""
 import hashlib, json, sys, time
 import numpy as np, torch
@@ -177,16 +179,10 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     for name in args.sets.split(","):
         for run in range(args.runs):
-            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
-                if args.neighbour else None
-            try:
+            with busy_neighbour(args.neighbour):
                 t0 = time.monotonic()
                 p = subprocess.run([sys.executable, "-c", _CHILD, name, str(args.epochs)],
                                    capture_output=True, text=True, timeout=600)
-            finally:
-                if busy is not None:
-                    busy.kill()
-                    busy.wait()
             if p.returncode:
                 print(f"{name}: failed\n{p.stderr[-2000:]}", file=sys.stderr)
                 continue

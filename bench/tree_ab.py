@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 
+from asyncfeed._bench.neighbour import busy_neighbour
 from execution_choice import _runs  # bench/ is the script's own directory
 
 # the public API and userdata.build only: the tree before may predate the outcome
@@ -64,13 +65,8 @@ def _run(src: str, case: tuple[str, str], threads: int, neighbour: bool
     """One turn of ``case`` on the tree at ``src``: each run's epoch rates and the
     execution it ended on ("" where not known); with ``neighbour``, beside a
     busy-looping process started for the turn."""
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if neighbour else None
-    try:
+    with busy_neighbour(neighbour):
         return _turn(src, case, threads)
-    finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
 
 
 def _turn(src: str, case: tuple[str, str], threads: int) -> list[tuple[list[float], str]]:

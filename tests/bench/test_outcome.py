@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from asyncfeed._bench import userdata
+from asyncfeed._bench.neighbour import busy_neighbour
 from asyncfeed._bench.outcome_report import execution_key, markdown, summarise
 from asyncfeed._bench.outcome_round import batch_len, execute, execution_fields
 from asyncfeed._bench.workloads import build_dataset
@@ -459,3 +460,15 @@ def test_explore_cost_counts_the_choices_after_the_epochs_asked(tmp_path):
     assert head.startswith("detection: choices after 2 epoch(s) ") and "still measuring)" in head
     assert "/2" in head and "pinned" not in proc.stdout
     assert [r.split(":")[0].strip() for r in rounds] == ["round 0", "round 1"]
+
+
+def test_the_busy_neighbour_runs_for_its_block_only_even_when_it_raises():
+    """``busy_neighbour()``: a process loops while the block runs and is reaped when it
+    ends, also by an exception; disabled, nothing runs."""
+    with busy_neighbour(False) as none:
+        assert none is None
+    with pytest.raises(RuntimeError):
+        with busy_neighbour() as proc:
+            assert proc is not None and proc.poll() is None
+            raise RuntimeError("the measurement failed")
+    assert proc.returncode is not None  # killed and reaped, not left running
