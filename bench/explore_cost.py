@@ -18,7 +18,8 @@ choice settled, the windows measured, the first epoch -- a change to the search
 judged by what it spends, which a shared machine's noise moves less than the rate.
 With ``--neighbour`` one busy-looping process runs beside every run (as the outcome
 bench's neighbour rounds); each data set's line then tells how often each choice was
-made, the stability a busy machine leaves.  With ``--epochs N`` each ``auto`` run goes
+made (and how often each mode, whatever the count), the stability a busy machine
+leaves.  With ``--epochs N`` each ``auto`` run goes
 on for N epochs and its choice is read after the last (how many were still measuring
 is printed); ``--choices-only`` runs no pinned loader, only the count of choices.
 
@@ -54,14 +55,7 @@ if window_s > 0:
     d[2] = cfg
     chooser.Chooser.__init__.__defaults__ = tuple(d)
 b = userdata.build(name)
-kw = {}
-if pin:
-    mode, count = pin
-    kw["execution"] = mode
-    if mode == "threads":
-        kw["num_threads"] = count
-    elif mode == "processes":
-        kw["num_workers"] = count
+kw = userdata.pinned_kwargs(*pin) if pin else {}
 t0 = time.perf_counter()
 al = AsyncLoader(b.dataset, batch_size=b.batch_size, sampler=b.order, collate_fn=b.collate_fn, **kw)
 n = 0
@@ -144,7 +138,8 @@ def _main(args: argparse.Namespace) -> None:
         rate = (f"rate auto/pinned median {statistics.median(ratios):.2f} "
                 f"worst {min(ratios):.2f}; " if ratios else "")
         print(f"{name}: {rate}choices after {args.epochs} epoch(s) {_tally(choices)}"
-              f" ({unsettled} still measuring)")
+              f" (by mode: {_tally([c.split()[0] for c in choices])}; {unsettled} still "
+              f"measuring)")
         print("\n".join(rows), flush=True)
 
 

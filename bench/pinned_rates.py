@@ -32,11 +32,7 @@ from asyncfeed._bench import userdata
 name, mode, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 epochs, quick = int(sys.argv[4]), sys.argv[5] == "1"
 b = userdata.build(name, quick=quick)
-kw = {"execution": mode}
-if mode == "threads":
-    kw["num_threads"] = count
-elif mode == "processes":
-    kw["num_workers"] = count
+kw = userdata.pinned_kwargs(mode, count)
 rates = []
 with AsyncLoader(b.dataset, batch_size=b.batch_size, sampler=b.order,
                  collate_fn=b.collate_fn, **kw) as loader:

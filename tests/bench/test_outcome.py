@@ -12,6 +12,7 @@ import enum
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from asyncfeed import AsyncLoader
 from asyncfeed._bench import userdata
 from asyncfeed._bench.neighbour import busy_neighbour
 from asyncfeed._bench.outcome_report import execution_key, markdown, summarise
@@ -204,6 +206,22 @@ def test_sample_order_and_unknown_names():
     assert len(order) == 12 and sorted(order[:5]) == list(range(5)) and order[5:10] == order[:5]
     with pytest.raises(ValueError, match="'nope'"):
         userdata.build("nope")
+
+
+def test_pinned_kwargs_fix_the_loader_to_one_candidate():
+    """The bench scripts pin a candidate with these keywords, and the loader then runs
+    it (its execution report names that mode and count)."""
+    assert userdata.pinned_kwargs("inline", 0) == {"execution": "inline"}
+    assert userdata.pinned_kwargs("threads", 3) == {"execution": "threads", "num_threads": 3}
+    assert userdata.pinned_kwargs("processes", 2) == {"execution": "processes",
+                                                      "num_workers": 2}
+    b = userdata.build("detection", quick=True)
+    with AsyncLoader(b.dataset, batch_size=b.batch_size, sampler=b.order[:64],
+                     collate_fn=b.collate_fn, **userdata.pinned_kwargs("threads", 3)) as loader:
+        for _ in loader:
+            pass
+        ex = loader.stats().execution
+    assert (ex.mode.value, ex.count) == ("threads", 3)
 
 
 def test_the_bench_workloads_build_the_user_sets_by_name(tmp_path):
@@ -459,6 +477,8 @@ def test_explore_cost_counts_the_choices_after_the_epochs_asked(tmp_path):
     head, *rounds = proc.stdout.splitlines()
     assert head.startswith("detection: choices after 2 epoch(s) ") and "still measuring)" in head
     assert "/2" in head and "pinned" not in proc.stdout
+    # each mode's count, whatever the counts of threads or workers were
+    assert re.search(r"\(by mode: (inline|threads|processes) [12]/2[;,]", head), head
     assert [r.split(":")[0].strip() for r in rounds] == ["round 0", "round 1"]
 
 

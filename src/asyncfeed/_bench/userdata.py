@@ -485,3 +485,15 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
         return Built(phased, phased.order(seed), spec.batch_size, None)
     return Built(ds, sample_order(len(ds), samples, seed), spec.batch_size,
                  collate)
+
+
+def pinned_kwargs(mode: str, count: int) -> dict[str, Any]:
+    """``AsyncLoader`` keywords that fix its execution to ``mode`` (``inline``,
+    ``threads`` or ``processes``) with ``count`` threads or workers (ignored inline):
+    what the bench scripts pin a candidate with."""
+    kw: dict[str, Any] = {"execution": mode}
+    if mode == "threads":
+        kw["num_threads"] = count
+    elif mode == "processes":
+        kw["num_workers"] = count
+    return kw

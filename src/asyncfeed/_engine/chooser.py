@@ -272,12 +272,11 @@ class Chooser:
         c = self._carried
         elapsed = c.at + last - w0.at
         scale = self.decision.window_scale  # a duel's later rounds read longer windows
-        least = self.config.window_events * max(1, self.current.count) * scale
-        if self._warmup > 0:
-            # a window not used (threads waking, a fork and its first replies): it lasts
-            # until each task running at once could have completed once, not as long as
-            # a reading, which on many cores is many tasks each
-            least = max(1, self.current.count)
+        tasks = max(1, self.current.count)
+        # a window not used (threads waking, a fork and its first replies) lasts until
+        # each task running at once could have completed once, not as long as a
+        # reading, which on many cores is many tasks each
+        least = tasks if self._warmup > 0 else self.config.window_events * tasks * scale
         if elapsed < self._window_s * scale or c.events + events - w0.events < least:
             return max(self._window_s * scale - elapsed - (now - last),
                        self._window_s / 4)
