@@ -217,3 +217,31 @@ def test_the_row_overhead_script_prints_each_way_of_running_a_row(folder):
     assert [line.split("  ")[0].strip() for line in lines] == [
         "bare", "bare, rows of a batch", "loader thread", "loader consumer"]
     assert all(line.endswith(" ms/row") and len(line.split()) >= 4 for line in lines)
+
+
+def test_the_threads_vs_processes_script_runs_each_way_side_by_side(folder):
+    """``bench/threads_vs_processes.py`` runs the rows in processes, bare threads and
+    the loader (and, with ``--normalize``, processes that normalize whole batches),
+    each in a fresh process, and prints one line per way with its rate, CPU per row
+    and ratio to the processes of the same round (the figures are the machine's, not
+    asserted); a way that fails is an error, not a line."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "bench", "threads_vs_processes.py")
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "src"))
+    for extra, ways in (([], ["processes", "threads", "loader"]),
+                        (["--normalize"],
+                         ["processes", "threads", "loader", "processes, batches"])):
+        proc = subprocess.run(
+            [sys.executable, script, folder, "--workers", "2", "--size", "32", "--samples",
+             "18", "--rounds", "1", "--batch-size", "4", *extra],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        head, *lines = proc.stdout.splitlines()
+        assert head == "18 rows, 2 side by side, 1 rounds" + (", normalized" if extra else "")
+        assert [line[:20].strip() for line in lines] == ways
+        assert all(" ms/row" in line and "x processes by round" in line for line in lines)
+        assert "x processes by round 1.00 (worst 1.00)" in lines[0]
+    broken = subprocess.run(
+        [sys.executable, script, os.path.join(folder, "missing"), "--rounds", "1",
+         "--samples", "4"], env=env, capture_output=True, text=True, timeout=120)
+    assert broken.returncode != 0 and "processes failed" in broken.stderr
