@@ -16,12 +16,12 @@ another checkout) no run is pinned: the rounds alternate ``auto`` on this tree a
 that one (A B, B A, ...), and each tree's medians are printed: the time until the
 choice settled, the windows measured, the first epoch -- a change to the search
 judged by what it spends, which a shared machine's noise moves less than the rate.
-With ``--neighbour`` one busy-looping process runs beside every run (as the outcome
-bench's neighbour rounds); each data set's line then tells how often each choice was
-made (and how often each mode, whatever the count), the stability a busy machine
-leaves.  With ``--epochs N`` each ``auto`` run goes
-on for N epochs and its choice is read after the last (how many were still measuring
-is printed); ``--choices-only`` runs no pinned loader, only the count of choices.
+Each data set's line tells how often each choice was made, and each mode whatever
+its count; with ``--neighbour`` one busy-looping process runs beside every run (as the
+outcome bench's neighbour rounds), and the line tells the stability a busy machine
+leaves.  With ``--epochs N`` each ``auto`` run goes on for N epochs and its choice is
+read after the last (how many were still measuring is printed); ``--choices-only``
+runs no pinned loader, only the count of choices.
 
     PYTHONPATH=src python bench/explore_cost.py --rounds 3
     PYTHONPATH=src python bench/explore_cost.py --datasets gil-python,detection --window-s 0.02
