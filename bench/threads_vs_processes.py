@@ -83,7 +83,8 @@ def _child(way: str, root: str, k: int, n: int, batch: int, size: int,
     warm = order[:2 * batch]
     per_row = "row" if normalize else ""
     if way == "loader":
-        reserve(batch, (3, size, size))
+        if normalize:
+            reserve(batch, (3, size, size))
         with AsyncLoader(ds, batch_size=batch, sampler=warm, execution="threads",
                          num_threads=k) as loader:
             for _ in loader:
