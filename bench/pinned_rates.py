@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 from asyncfeed._bench.neighbour import busy_neighbour
+from asyncfeed._engine.readings import Mode
 
 _CHILD = r"""
 import json, sys, time
@@ -49,7 +50,7 @@ def _candidates(text: str) -> list[tuple[str, int]]:
     out = []
     for part in text.split(","):
         mode, _, count = part.partition(":")
-        if mode not in ("inline", "threads", "processes"):
+        if mode not in {m.value for m in Mode}:
             raise argparse.ArgumentTypeError(f"unknown execution {mode!r} in {part!r}")
         out.append((mode, int(count or 0)))
     return out
