@@ -813,6 +813,16 @@ class Records:
         return {"x": torch.full((3,), i), "id": f"r{i}"}
 
 
+class SlowRecords(Records):
+    """:class:`Records` whose rows each wait 0.5 ms (the GIL released): a pass of
+    2,048 of them lasts a few tenths of a second however fast the machine, long
+    enough for the chooser to read its windows."""
+
+    def __getitem__(self, i: int):
+        time.sleep(0.0005)
+        return super().__getitem__(i)
+
+
 def collate_records(samples):
     """A user's collate_fn: stacks the tensors, lists the ids, says where it ran;
     refuses a batch that holds record 133."""
@@ -936,7 +946,7 @@ def test_the_hand_off_is_priced_on_what_the_workers_would_send(monkeypatch, on_e
         seen.append(list(samples))
         return real(samples, budget_s)
     monkeypatch.setattr(transport, "travel_cost", travel_cost)
-    with AsyncLoader(Records(2048), batch_size=8, collate_fn=collate_plain,
+    with AsyncLoader(SlowRecords(2048), batch_size=8, collate_fn=collate_plain,
                      on_error=on_error) as al:
         list(al)
         handoff = al._chooser.record.handoff
