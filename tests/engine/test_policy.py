@@ -602,6 +602,29 @@ def test_rows_one_thread_ran_with_waits_keep_the_order():
     assert ran.index(threads(4)) < _first_processes(ran), ran
 
 
+def test_threads_held_back_with_the_process_busy_duel_processes_before_more():
+    """One thread's rows read 0.8 of a core (a window of the pass's first rows
+    waits), but the two threads at the start beat it by far less than twice while
+    the process kept 1.3 cores busy: what held them back is something they share
+    (the GIL), not storage, whose waits leave the process idle.  Processes are
+    dueled before more threads than the cores, and win; four threads never run."""
+    sp = space(2)
+
+    def core_rate(c: Candidate) -> float:
+        return 300.0 / 0.8 if c == threads(1) else 420.0 / 1.3
+
+    rec, ran = run(sp, partly_gil(2), core_rate=core_rate, other_cores=0.05)
+    d = decide(rec, sp)
+    assert d.processes_before_up and d.choice == processes(2), d
+    assert threads(4) not in ran, ran
+    # the same rates with the two threads' process idle below a core: storage
+    # waits, which more threads overlap, and the order stays
+    rec, ran = run(sp, partly_gil(2), core_rate=lambda c: 300.0 / 0.8 if c == threads(1)
+                   else 420.0 / 0.7, other_cores=0.05)
+    assert not decide(rec, sp).processes_before_up
+    assert ran.index(threads(4)) < _first_processes(ran), ran
+
+
 def test_one_thread_waiting_only_for_the_consumers_python_duels_processes_before_more():
     """One thread's rows took 0.9 of a core while the consumer's own Python (its
     collation, the loop) took the rest of it: the thread waited for the GIL, not for

@@ -92,7 +92,8 @@ class ExecutionReport:
             parts.append("processes tried first: the threads ran the rows one at a time")
         if self.processes_before_up:
             parts.append("processes tried before more threads: one thread beat the "
-                         "threads at the cores, or its rows never waited")
+                         "threads at the cores, or its rows never waited, or the threads "
+                         "fell short of scaling from it with the process busy")
         if self.processes_before_down:
             parts.append("processes tried before fewer threads: the threads ran the rows "
                          "short of their count times one thread's rate")

@@ -120,8 +120,13 @@ the consumer's Python that took the GIL between them), step 4 comes before
 step 3 where step 3 would run more threads than the cores: threads past the
 cores gain only by overlapping a wait, and rows that hold the GIL part of the
 time (two threads beat one, but not by the cores) would spend step 3's duel
-there before reaching processes.  Where processes won, step 3 has no thread
-choice to climb from; where they lost, it follows.  Where one thread won step 1
+there before reaching processes.  So too, whatever one thread's windows read
+(the pass's first rows may have waited), where the start won step 1 short of
+its reach from one thread's rate (``min(threads, cores left)`` times it,
+beyond the margin) while the process kept a core busy under it: what held the
+threads back is something they share (the GIL, the cores' caches), not
+storage, whose waits leave the process idle.  Where processes won, step 3 has
+no thread choice to climb from; where they lost, it follows.  Where one thread won step 1
 (the start's threads do not scale past one: the GIL, or contention) and step 3
 has a rung to climb to, step 4 comes before step 3 too: the climb can gain what
 a few threads overlap, processes the cores.  Where processes won, the climb then
@@ -506,13 +511,31 @@ class _Replay(SearchBounds):
                 or "processes" not in self.phases or i < 0 or i + 1 >= len(self.rungs) \
                 or self.rungs[i + 1] in self.tried:
             return
-        if self.choice == self.space.start and (self.rungs[i + 1].count <= self.space.cores
-                                                or not self._solo_never_waited()):
+        if self.choice == self.space.start and not self._start_held_back() \
+                and (self.rungs[i + 1].count <= self.space.cores
+                     or not self._solo_never_waited()):
             return
         self.processes_before_up = True
         self.climb_from = self.choice if self.choice != self.space.start else None
         self.phases.remove("processes")
         self.phases.insert(self.phases.index("up"), "processes")
+
+    def _start_held_back(self) -> bool:
+        """Whether the start's threads, having won the bottom duel, ran the rows short
+        of their reach from one thread's rate (``min(threads, cores left)`` times
+        it, beyond the margin) while the process kept at least a core busy under
+        them (within ``min_margin``): something the threads share held them back
+        -- the GIL, held by the rows or the consumer's Python, or the cores'
+        shared caches -- not storage, whose waits leave the process idle and which
+        more threads overlap.  More threads cannot beat that; processes, which do
+        not share a GIL, may.  False where the windows do not know their CPU."""
+        solo = self._one_thread_rate()
+        mine = [w for w in self.fresh if w.candidate == self.choice]
+        cores = pooled_cores(mine, whole=True)
+        if solo is None or cores is None or self._scales(
+                self.choice_rate or 0.0, self.choice.count, solo, self._margin()):
+            return False
+        return cores[1] >= 1 - self.config.min_margin
 
     def _solo_never_waited(self) -> bool | None:
         """Whether one thread's windows kept the process a core busy, within
