@@ -168,7 +168,7 @@ from .bounds import workers_bound
 from .decision import Decision, fixed
 from .duel import Duel, PolicyConfig, clear_lead, drifted, hopeless, judge, spread, unsure
 from .readings import (INLINE, Candidate, Handoff, Mode, Reason, Record, Space, Window,
-                       pooled_cores, processes, threads)
+                       processes, threads)
 from .searchbounds import SearchBounds
 
 __all__ = ["INLINE", "Candidate", "Decision", "Duel", "Handoff", "Mode", "PolicyConfig",
@@ -501,11 +501,14 @@ class _Replay(SearchBounds):
         rung to try, or where the start won, one thread's rows never waited (its
         windows kept the process a core busy, within ``min_margin``: the rows, or
         the rows and the process's own Python between them) and the next rung up
-        runs more threads than the cores.  Windows that do not know their CPU keep
-        the order in the second case.  Where processes then win, in the first case
-        the climb starts from the one thread they beat, each rung dueled against
-        them (within its reach: :meth:`_beyond_reach`); in the second it is over
-        (more threads than the cores gain only by overlapping a wait)."""
+        runs more threads than the cores, or where the start won held back
+        (:meth:`_start_held_back`: short of its reach from one thread, the process
+        busy).  Windows that do not know their CPU keep the order in the last two
+        cases.  Where processes then win, in the first case the climb starts from
+        the one thread they beat, each rung dueled against them (within its reach:
+        :meth:`_beyond_reach`); in the others it is over (more threads than the
+        cores gain only by overlapping a wait; threads held back by what they share
+        gain nothing)."""
         i = self._rung(self.choice)
         if self.single_step or self.process is None or "up" not in self.phases \
                 or "processes" not in self.phases or i < 0 or i + 1 >= len(self.rungs) \
@@ -519,47 +522,6 @@ class _Replay(SearchBounds):
         self.climb_from = self.choice if self.choice != self.space.start else None
         self.phases.remove("processes")
         self.phases.insert(self.phases.index("up"), "processes")
-
-    def _start_held_back(self) -> bool:
-        """Whether the start's threads, having won the bottom duel, ran the rows short
-        of their reach from one thread's rate (``min(threads, cores left)`` times
-        it, beyond the margin) while the process kept at least a core busy under
-        them (within ``min_margin``): something the threads share held them back
-        -- the GIL, held by the rows or the consumer's Python, or the cores'
-        shared caches -- not storage, whose waits leave the process idle and which
-        more threads overlap.  More threads cannot beat that; processes, which do
-        not share a GIL, may.  False where the windows do not know their CPU."""
-        solo = self._one_thread_rate()
-        mine = [w for w in self.fresh if w.candidate == self.choice]
-        cores = pooled_cores(mine, whole=True)
-        if solo is None or cores is None or self._scales(
-                self.choice_rate or 0.0, self.choice.count, solo, self._margin()):
-            return False
-        return cores[1] >= 1 - self.config.min_margin
-
-    def _solo_never_waited(self) -> bool | None:
-        """Whether one thread's windows kept the process a core busy, within
-        ``min_margin``: the rows, or the rows and the process's own Python between
-        them (the consumer's collating, the loop: the thread then waited for the
-        GIL, not for storage; the process's clock, coarser than the rows', may read
-        below theirs).  None where they do not know their CPU."""
-        rows, whole = pooled_cores(self.solo, whole=False), pooled_cores(self.solo, whole=True)
-        if rows is None:
-            return None
-        return max(rows[0], whole[1] if whole else 0.0) >= 1 - self.config.min_margin
-
-    def _serialised(self, windows: list[Window]) -> bool:
-        """Whether threads ran the rows of ``windows`` one at a time: the rows took no
-        more than one core (within ``min_margin``), or the whole process took no more
-        (the rows' CPU is that of the tasks that ended in the windows, so with many
-        threads it reads up to a task each more or less than they ran; the process's
-        is read over the windows themselves), while the whole process took at least
-        one.  False where the CPU is not known."""
-        cores = pooled_cores(windows, whole=True)
-        if cores is None:
-            return False
-        m = self.config.min_margin
-        return min(cores) <= 1 + m and cores[1] >= 1 - m
 
     def _hopeless(self) -> bool:
         """The rival lost before its second window (``duel.hopeless``); not for a

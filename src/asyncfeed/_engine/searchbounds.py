@@ -4,8 +4,9 @@ deliver at most, so that a duel it cannot win by the margin is not run.
 :class:`SearchBounds` is the part of the policy's replay (``policy._Replay``)
 that reads them: the rows per CPU second of thread windows, the cores left to
 worker processes, one thread's rate, and whether the choice already reaches a
-bound within the margin.  Each is measured on the pass; none assumes a core
-count.
+bound within the margin; and what the windows show of how threads ran the rows
+(one at a time, held back, waiting), which orders the search.  Each is measured
+on the pass; none assumes a core count.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import statistics
 
 from .bounds import handoff_bound, row_cpu, workers_core_rate
 from .duel import PolicyConfig
-from .readings import Candidate, Handoff, Mode, Space, Window, rows_and_cpu
+from .readings import Candidate, Handoff, Mode, Space, Window, pooled_cores, rows_and_cpu
 
 __all__ = ["SearchBounds"]
 
@@ -131,3 +132,44 @@ class SearchBounds:
         """The hand-off's bound on processes (:func:`.bounds.handoff_bound`) for the
         rows' CPU in this process and the cores left."""
         return handoff_bound(self.handoff, row_cpu(self.fresh, self.seen), self._cores_left())
+
+    def _start_held_back(self) -> bool:
+        """Whether the start's threads, having won the bottom duel, ran the rows short
+        of their reach from one thread's rate (``min(threads, cores left)`` times
+        it, beyond the margin) while the process kept at least a core busy under
+        them (within ``min_margin``): something the threads share held them back
+        -- the GIL, held by the rows or the consumer's Python, or the cores'
+        shared caches -- not storage, whose waits leave the process idle and which
+        more threads overlap.  More threads cannot beat that; processes, which do
+        not share a GIL, may.  False where the windows do not know their CPU."""
+        solo = self._one_thread_rate()
+        mine = [w for w in self.fresh if w.candidate == self.choice]
+        cores = pooled_cores(mine, whole=True)
+        if solo is None or cores is None or self._scales(
+                self.choice_rate or 0.0, self.choice.count, solo, self._margin()):
+            return False
+        return cores[1] >= 1 - self.config.min_margin
+
+    def _solo_never_waited(self) -> bool | None:
+        """Whether one thread's windows kept the process a core busy, within
+        ``min_margin``: the rows, or the rows and the process's own Python between
+        them (the consumer's collating, the loop: the thread then waited for the
+        GIL, not for storage; the process's clock, coarser than the rows', may read
+        below theirs).  None where they do not know their CPU."""
+        rows, whole = pooled_cores(self.solo, whole=False), pooled_cores(self.solo, whole=True)
+        if rows is None:
+            return None
+        return max(rows[0], whole[1] if whole else 0.0) >= 1 - self.config.min_margin
+
+    def _serialised(self, windows: list[Window]) -> bool:
+        """Whether threads ran the rows of ``windows`` one at a time: the rows took no
+        more than one core (within ``min_margin``), or the whole process took no more
+        (the rows' CPU is that of the tasks that ended in the windows, so with many
+        threads it reads up to a task each more or less than they ran; the process's
+        is read over the windows themselves), while the whole process took at least
+        one.  False where the CPU is not known."""
+        cores = pooled_cores(windows, whole=True)
+        if cores is None:
+            return False
+        m = self.config.min_margin
+        return min(cores) <= 1 + m and cores[1] >= 1 - m
