@@ -461,11 +461,10 @@ class _Replay(SearchBounds):
         left)`` times it, beyond the margin) and fewer threads are left to walk
         down, processes come before them (see the module docstring); True where
         they do."""
-        i, solo = self._rung(self.choice), self._one_thread_rate()
+        i = self._rung(self.choice)
         if self.single_step or self.process is None or "down" not in self.phases \
-                or "processes" not in self.phases or i < 1 or solo is None \
-                or self.rungs[i - 1] in self.tried or self._scales(
-                    self.choice_rate or 0.0, self.choice.count, solo, self._margin()):
+                or "processes" not in self.phases or i < 1 \
+                or self.rungs[i - 1] in self.tried or not self._short_of_reach():
             return False
         self.processes_before_down = True
         self.phases.remove("processes")

@@ -142,13 +142,18 @@ class SearchBounds:
         shared caches -- not storage, whose waits leave the process idle and which
         more threads overlap.  More threads cannot beat that; processes, which do
         not share a GIL, may.  False where the windows do not know their CPU."""
-        solo = self._one_thread_rate()
         mine = [w for w in self.fresh if w.candidate == self.choice]
         cores = pooled_cores(mine, whole=True)
-        if solo is None or cores is None or self._scales(
-                self.choice_rate or 0.0, self.choice.count, solo, self._margin()):
-            return False
-        return cores[1] >= 1 - self.config.min_margin
+        return cores is not None and cores[1] >= 1 - self.config.min_margin \
+            and self._short_of_reach()
+
+    def _short_of_reach(self) -> bool:
+        """Whether the choice's threads ran the rows short of their reach from one
+        thread's rate: below ``min(threads, cores left)`` times it, beyond the
+        margin.  False where one thread's rate was not read."""
+        solo = self._one_thread_rate()
+        return solo is not None and not self._scales(
+            self.choice_rate or 0.0, self.choice.count, solo, self._margin())
 
     def _solo_never_waited(self) -> bool | None:
         """Whether one thread's windows kept the process a core busy, within
