@@ -10,8 +10,9 @@ worst round:
     PYTHONPATH=src python bench/inline_overhead.py --sets noop --rounds 12
 
 ``noop``: 64-row batches of ints, a ``len`` collate: nothing but the loaders' own cost,
-reported per batch.  ``detection`` and ``text``: the outcome bench's data sets
-(``asyncfeed._bench.userdata``), with their ``collate_fn``.  AsyncLoader runs with
+reported per batch.  ``detection``, ``text`` and ``tensors``: the outcome bench's data
+sets (``asyncfeed._bench.userdata``), with their ``collate_fn`` (``tensors``: the
+default collate, the rows written into the batch's buffers).  AsyncLoader runs with
 ``execution="inline"`` (the choice its defaults settle on for these sets).
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _epoch(loader: Any) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", default="noop,detection,text")
+    ap.add_argument("--sets", default="noop,detection,text,tensors")
     ap.add_argument("--rounds", type=int, default=8)
     args = ap.parse_args()
     for name in args.sets.split(","):

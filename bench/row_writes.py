@@ -17,6 +17,13 @@ slowest round):
 
 Nothing here runs a loader: these are the per-row costs the loader's own figures
 (``asyncfeed bench``, ``bench/outcome.py``) contain.
+
+``--stack``: instead, what sets ``rowwrite.STACK_COPY_ROW_BYTES``, for runs of
+``float32`` tensor rows of three sizes: reading every row's dtype in Python, against
+what stacking into a new tensor and copying it into the buffers costs beyond stacking
+straight into them (``out=``), per run.
+
+    PYTHONPATH=src python bench/row_writes.py --stack
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
+import torch
 from torch.utils.data import default_collate
 
 from asyncfeed._bench.userdata import build
@@ -48,12 +56,38 @@ def _per_call(fn: Callable[[], Any], seconds: float = 0.2) -> float:
             return t / n
 
 
+def _stack_costs(rounds: int) -> None:
+    """The ``--stack`` figures (see the module docstring)."""
+    print(f"a run of float32 tensor rows, {rounds} rounds, medians: reading the rows' "
+          "dtypes, against the stack-then-copy's cost beyond stack(out=)")
+    for shape, n in (((64,), 256), ((3, 32, 32), 128), ((3, 224, 224), 32)):
+        col = [torch.randn(shape) for _ in range(n)]
+        out = torch.empty((n, *shape))
+        steps: dict[str, Callable[[], Any]] = {
+            "dtypes": lambda: {x.dtype for x in col},
+            "out": lambda: torch.stack(col, out=out),
+            "copy": lambda: out.copy_(torch.stack(col)),
+        }
+        got: dict[str, list[float]] = {k: [] for k in steps}
+        for r in range(rounds):
+            for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+                got[name].append(_per_call(steps[name]))
+        m = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+        print(f"  {n:3d} rows of {'x'.join(map(str, shape)):9} ({out[0].nbytes:6d} B a row): "
+              f"dtypes {m['dtypes']:7.1f} us, the copy {m['copy'] - m['out']:7.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="cifar-rng", help="an outcome-bench data set whose "
                     "samples the loader writes into rows (cifar-rng)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--stack", action="store_true",
+                    help="the stack-then-copy's cost against reading the rows' dtypes")
     args = ap.parse_args()
+    if args.stack:
+        _stack_costs(args.rounds)
+        return
     built = build(args.dataset)
     n = built.batch_size
     samples = [built.dataset[i] for i in range(n)]

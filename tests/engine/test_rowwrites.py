@@ -20,11 +20,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from asyncfeed._engine import samples
 from asyncfeed._engine.tasksize import Gate
 from asyncfeed._memory.layout import Layout, _Leaf
-from asyncfeed._engine.rowwrite import BULK_ROW_BYTES, FlatWriter
+from asyncfeed._engine.rowwrite import BULK_ROW_BYTES, STACK_COPY_ROW_BYTES, FlatWriter
 from asyncfeed._engine.taskpool import TaskPool
 from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import assert_parity
@@ -137,22 +138,26 @@ def test_write_rows_declines_a_run_it_cannot_write_as_one():
             assert not w.write_rows(bufs, views, 0, 4, samples[:3] + [bad], bulk=bulk)
 
 
-def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says():
+@pytest.mark.parametrize("shape", [(3, 4), (3, 16, 24)], ids=["small-rows", "large-rows"])
+def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says(shape):
     """A column of tensors goes in with one ``torch.stack``, which would promote or
     cast a row of another dtype and refuse one of another shape, or one that needs
     grad: each such run is declined whole (and nothing declined is left half
-    checked: the good run after it writes the bytes ``write_row`` writes)."""
+    checked: the good run after it writes the bytes ``write_row`` writes).  Rows
+    of either side of ``STACK_COPY_ROW_BYTES`` (stacked, then copied; or stacked
+    into the buffers)."""
     def good(i):
-        return (torch.full((3, 4), i, dtype=torch.int16), torch.tensor(i))
+        return (torch.full(shape, i, dtype=torch.int16), torch.tensor(i))
     samples = [good(i) for i in range(4)]
     layout = Layout.infer(samples[0])
     w = FlatWriter.for_layout(layout)
     bufs = layout.allocate(4)
     views = layout.numpy_views(bufs)
-    for bad in [(torch.zeros((3, 5), dtype=torch.int16), torch.tensor(1)),  # another shape
-                (torch.zeros((3, 4), dtype=torch.int32), torch.tensor(1)),  # another dtype
-                (torch.zeros((3, 4), dtype=torch.int16), torch.tensor(1.0)),
-                (torch.zeros((4, 3), dtype=torch.int16), torch.tensor(1))]:
+    wider = shape[:-1] + (shape[-1] + 1,)
+    for bad in [(torch.zeros(wider, dtype=torch.int16), torch.tensor(1)),  # another shape
+                (torch.zeros(shape, dtype=torch.int32), torch.tensor(1)),  # another dtype
+                (torch.zeros(shape, dtype=torch.int16), torch.tensor(1.0)),
+                (torch.zeros(shape[::-1], dtype=torch.int16), torch.tensor(1))]:
         for at in (0, 3):  # the first row (checked here) or a later one
             run = samples[:at] + [bad] + samples[at + 1:]
             for bulk in (False, True):
@@ -167,6 +172,29 @@ def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says
     for row in range(4):
         layout.write_row(b, row, samples[row], layout.numpy_views(b))
     assert_same_buffers(a, b)
+
+
+def test_a_run_of_small_tensors_is_written_as_default_collate_stacks_it():
+    """Rows of at most ``STACK_COPY_ROW_BYTES``, a row of a narrower dtype among
+    tensors of the layout's: ``torch.stack`` promotes it to the layout's dtype, as
+    ``default_collate`` does, so the run is written in bulk (not declined to be
+    collated row by row), its bytes what ``default_collate`` returns; a run whose
+    stack comes out in another dtype than the layout's is declined with nothing
+    written."""
+    assert 3 * 4 * 4 <= STACK_COPY_ROW_BYTES
+    samples = [(torch.full((3, 4), 10 * i, dtype=torch.int32), i) for i in range(4)]
+    samples[2] = (torch.full((3, 4), 20, dtype=torch.int16), 2)
+    layout = Layout.infer(samples[0])
+    w = FlatWriter.for_layout(layout)
+    bufs = layout.allocate(4)
+    assert w.write_rows(bufs, layout.numpy_views(bufs), 0, 4, samples, bulk=True)
+    got, want = layout.assemble(bufs, 4), default_collate(samples)
+    assert got[0].dtype == want[0].dtype == torch.int32 and torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+    wider = samples[:3] + [(torch.full((3, 4), 30, dtype=torch.int64), 3)]
+    a, b = zeroed_pair(layout, 4)
+    assert not w.write_rows(a, layout.numpy_views(a), 0, 4, wider, bulk=True)
+    assert_same_buffers(a, b)  # nothing written
 
 
 def test_a_dict_writer_declines_other_keys_and_containers():

@@ -24,6 +24,9 @@ seeded by the index), so every loader yields the same batches for the same order
 * ``audio``: 1 s waveforms (float32, 16 kHz) in RAM; a per-sample generator picks a
   0.5 s crop and a gain, and NumPy makes a log-magnitude spectrogram (400-sample Hann
   frames, hop 160, ``rfft``): small NumPy calls, the GIL released inside each; batch 32.
+* ``tensors``: ``torch.utils.data.TensorDataset`` over features in RAM (64 float32 a
+  row) and an int64 label, default collate; batch 256: a row is two tensor indexings,
+  so the loader's own cost per batch is a large share of an epoch.
 * ``phased``: an epoch whose first half (in time, with ``num_workers=0``) is
   ``cifar-rng``'s cheap rows and whose second half is the pure-Python function: the cost changes mid-epoch
   (the sample order puts the cheap indices first); batch 32.
@@ -45,7 +48,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 
 @dataclass(frozen=True)
@@ -414,6 +417,14 @@ class PhasedCost(Dataset):
                 + (self.cheap + rng.permutation(self.costly)).tolist())
 
 
+def tensor_rows(n: int, seed: int = 0, features: int = 64) -> TensorDataset:
+    """``TensorDataset(features, labels)``: ``n`` rows of ``features`` float32 values
+    and an int64 label in ten classes, drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, features, generator=g),
+                         torch.randint(0, 10, (n,), generator=g))
+
+
 # ------------------------------------------------------------------ registry
 
 @dataclass(frozen=True)
@@ -447,6 +458,8 @@ DATASETS: dict[str, UserSet] = {s.name: s for s in (
     UserSet("audio", "1 s waveforms from RAM: a per-sample 0.5 s crop and gain, a NumPy "
             "log spectrogram (small NumPy calls, the GIL released inside each)", 32, 4096,
             128, ""),
+    UserSet("tensors", "TensorDataset: 64 float32 features and an int64 label a row, "
+            "default collate", 256, 327680, 1024, ""),
     UserSet("phased", "first half of the epoch cheap numpy rows, second half pure Python "
             "(the cost changes mid-epoch)", 32, 12288 + 768, 256 + 32, ""),
 )}
@@ -479,6 +492,8 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
         ds = PngAugment(samples, seed)
     elif name == "audio":
         ds = AudioClips(samples, seed)
+    elif name == "tensors":
+        ds = tensor_rows(samples, seed)
     else:  # phased
         costly = 768 if not quick else 32
         phased = PhasedCost(samples - costly, costly, seed)

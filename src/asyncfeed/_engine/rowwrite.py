@@ -33,6 +33,14 @@ HOLD_GIL_BYTES = 1 << 19
 #: once; smaller arrays are copied one by one holding it (cheaper than wrapping each
 #: in a tensor).  Tensor leaves are stacked at any size.
 BULK_ROW_BYTES = 1 << 15
+#: a column of tensor rows of at most this many bytes each is stacked into a new
+#: tensor and copied into the batch's buffers, its rows' dtypes read from the stack's
+#: result (``torch.stack`` promotes a row of another dtype, as ``default_collate``
+#: does); bigger rows are stacked straight into the buffers (``out=``), their dtypes
+#: checked first in Python, since ``out=`` would cast a row of another dtype.
+#: Reading a row's dtype in Python costs about what copying 3 KB does (~0.05 us on
+#: one core, ``bench/row_writes.py --stack``): below that the copy is the cheaper.
+STACK_COPY_ROW_BYTES = 1 << 10
 
 
 def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
@@ -163,7 +171,7 @@ class FlatWriter:
             v = views[j]
             if bulk and v is not None and kind != "scalar" and kind != "list" \
                     and set(map(type, col)) == {torch.Tensor}:
-                if not _stack_tensors(col, shape, dtype, bufs[j][lo:hi]):
+                if not _stack_tensors(col, shape, dtype, nbytes, bufs[j][lo:hi]):
                     return False
                 continue
             if kind == "list":
@@ -174,10 +182,10 @@ class FlatWriter:
             elif v is None:
                 return False
             elif kind == "scalar":
-                get = _PY_SCALARS.get
-                for x in col:
-                    if get(type(x)) != dtype:
-                        return False
+                # one Python type for the run, the leaf's (the set is built in C)
+                types = set(map(type, col))
+                if len(types) != 1 or _PY_SCALARS.get(types.pop()) != dtype:
+                    return False
                 v[lo:hi] = col
             else:
                 vdtype = v.dtype
@@ -217,21 +225,36 @@ class FlatWriter:
         return True
 
 
-def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tensor) -> bool:
-    """``out[:] = torch.stack(col)`` for a column of tensors that are all of ``shape``
-    and ``dtype``: one call, in C, for the whole run (a tensor row's NumPy view
+def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, nbytes: int,
+                   out: torch.Tensor) -> bool:
+    """``out[:] = torch.stack(col)`` for a column of tensors of ``shape`` and
+    ``dtype`` (``nbytes`` a row): one stack, in C, for the whole run (a tensor row's NumPy view
     costs more than its copy).  The first row's shape is checked here and the
-    rest by ``torch.stack``, which refuses rows of unequal shape; every row's
-    dtype is checked here, since ``torch.stack`` would promote or cast another
-    one.  False (rows written or not: the caller writes them again row by row)
-    for a run it cannot write so: another shape or dtype, a tensor that needs
-    grad or lives on another device."""
-    if col[0].shape != shape or {x.dtype for x in col} != {dtype}:
+    rest by ``torch.stack``, which refuses rows of unequal shape.  The rows'
+    dtypes: rows of at most ``STACK_COPY_ROW_BYTES`` are stacked into a new
+    tensor, whose dtype is what ``default_collate`` would return (a row of
+    another dtype promotes it), then copied into ``out``; bigger ones are
+    checked row by row and stacked into ``out`` (which would cast a row of
+    another dtype).  False, nothing written (the caller writes the rows again
+    row by row), for a run it cannot write so: another shape or dtype, a tensor
+    that needs grad or lives on another device."""
+    if col[0].shape != shape:
         return False
+    if nbytes > STACK_COPY_ROW_BYTES:
+        if {x.dtype for x in col} != {dtype}:
+            return False
+        try:
+            torch.stack(col, out=out)
+        except RuntimeError:
+            return False
+        return True
     try:
-        torch.stack(col, out=out)
-    except RuntimeError:
+        stacked = torch.stack(col)
+    except (RuntimeError, TypeError):
         return False
+    if stacked.dtype != dtype or stacked.requires_grad or stacked.device != out.device:
+        return False
+    out.copy_(stacked)
     return True
 
 
