@@ -8,6 +8,7 @@ an error naming its samples, never a hang, and nothing (no process, no
 
 from __future__ import annotations
 
+import gc
 import glob
 import itertools
 import math
@@ -78,6 +79,33 @@ def test_processes_give_dataloaders_batches_with_every_start_method(context):
                          ids=["mixed", "shapes-change"])
 def test_processes_give_dataloaders_batches_for_any_sample(ds, shuffle):
     assert_parity(ds, batch_size=16, shuffle=shuffle, execution="processes")
+
+
+class FrozenCount:
+    """Each sample: how many objects its process's garbage collector has frozen
+    (``gc.get_freeze_count()``)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_a_worker_s_collections_skip_what_it_started_with(context):
+    """A worker freezes the objects it holds when it starts (``gc.freeze``): what a
+    forked worker inherited, or what a spawned one imported and unpickled.  A full
+    collection walks every tracked object and writes to each one's header, which in
+    a forked worker copies the pages it shares with the loader's process (over 100k
+    objects once torch is imported); frozen, they are never walked.  The loader's
+    own process is left as it is."""
+    before = gc.get_freeze_count()
+    with AsyncLoader(FrozenCount(), batch_size=4, execution="processes", num_workers=2,
+                     multiprocessing_context=context) as loader:
+        frozen = torch.cat(list(loader))
+    assert len(frozen) == 8 and int(frozen.min()) > 1000
+    assert gc.get_freeze_count() == before
 
 
 class Dtypes:

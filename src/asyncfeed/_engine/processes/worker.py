@@ -5,6 +5,7 @@ of each task it is sent and writes the samples into the batch's shared memory
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import pickle
 import random
@@ -203,6 +204,11 @@ def worker_main(worker_id: int, num_workers: int, dataset: Any, init_fn: Any,
     from torch._utils import ExceptionWrapper
     from torch.utils.data._utils import worker as tw
     torch.set_num_threads(1)
+    # what the worker starts with (inherited by a fork: the loader's whole heap, over
+    # 100k objects once torch is imported) is never walked by its collections: a full
+    # collection of them takes tens of ms, during which the worker's batches wait,
+    # and writes to every object's header, copying the pages shared with the loader
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the loader's process handles ^C
     forget_all()  # a forked worker inherits the loader's stages: not its to close
     seed = _seed_like_dataloader(base_seed, worker_id)
