@@ -228,16 +228,16 @@ class FlatWriter:
 def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, nbytes: int,
                    out: torch.Tensor) -> bool:
     """``out[:] = torch.stack(col)`` for a column of tensors of ``shape`` and
-    ``dtype`` (``nbytes`` a row): one stack, in C, for the whole run (a tensor row's NumPy view
-    costs more than its copy).  The first row's shape is checked here and the
-    rest by ``torch.stack``, which refuses rows of unequal shape.  The rows'
-    dtypes: rows of at most ``STACK_COPY_ROW_BYTES`` are stacked into a new
-    tensor, whose dtype is what ``default_collate`` would return (a row of
-    another dtype promotes it), then copied into ``out``; bigger ones are
-    checked row by row and stacked into ``out`` (which would cast a row of
-    another dtype).  False, nothing written (the caller writes the rows again
-    row by row), for a run it cannot write so: another shape or dtype, a tensor
-    that needs grad or lives on another device."""
+    ``dtype``, ``nbytes`` a row: one stack, in C, for the whole run (a tensor
+    row's NumPy view costs more than its copy).  The first row's shape is
+    checked here and the rest by ``torch.stack``, which refuses rows of unequal
+    shape.  The rows' dtypes: rows of at most ``STACK_COPY_ROW_BYTES`` are
+    stacked into a new tensor, whose dtype is what ``default_collate`` would
+    return (a row of another dtype promotes it), then copied into ``out``;
+    bigger ones are checked row by row and stacked into ``out`` (which would
+    cast a row of another dtype).  False (the caller writes the rows again row
+    by row) for a run it cannot write so: another shape or dtype, a tensor that
+    needs grad or lives on another device."""
     if col[0].shape != shape:
         return False
     if nbytes > STACK_COPY_ROW_BYTES:
