@@ -218,6 +218,49 @@ def test_a_workers_run_of_small_rows_goes_in_at_once_with_the_bytes_of_one_by_on
         b.close()
 
 
+def test_a_run_of_rows_written_at_once_goes_back_as_one_result(tmp_path):
+    """A worker's run of rows written together is one result (``(first, "w",
+    end)``), not one a row: one tuple to pickle, send and read back however long
+    the run; a row that does not fit goes back pickled, and the loader's side
+    marks every written row."""
+    from asyncfeed._engine.batch import WRITTEN
+    from asyncfeed._engine.processes import worker
+    from asyncfeed._memory.layout import Layout
+    samples = [(torch.full((4,), i, dtype=torch.int32), i) for i in range(8)]
+    layout = Layout.infer(samples[0])
+    rows = _worker_rows(layout, 8, tmp_path)
+    misfit = (torch.zeros(5, dtype=torch.int32), 4)
+    held = [(r, samples[r]) for r in (0, 1, 2)] + [(4, misfit)] \
+        + [(r, samples[r]) for r in (6, 7)]
+    out: list = []
+    try:
+        worker._write_held(rows, held, out)
+    finally:
+        rows.close()
+    assert out == [(0, "w", 3), (4, "s", misfit), (6, "w", 8)]
+
+    class Host:
+        stopping = False
+
+        def __init__(self) -> None:
+            self.done: list = []
+            self.rows = self
+
+        def place(self, b, row, sample) -> None:
+            b.samples[row] = sample
+
+        def rows_done(self, b, lo, hi) -> None:
+            self.done.append((lo, hi))
+
+    class Rows:
+        samples = [None] * 8
+
+    host, b = Host(), Rows()
+    taskrows.apply_results(host, b, 0, 8, out)
+    assert b.samples == [WRITTEN] * 3 + [None, misfit, None] + [WRITTEN] * 2
+    assert host.done == [(0, 8)]
+
+
 def test_a_worker_writes_big_rows_one_by_one_as_they_come(tmp_path):
     from asyncfeed._engine.rowwrite import BULK_ROW_BYTES
     from asyncfeed._memory.layout import Layout

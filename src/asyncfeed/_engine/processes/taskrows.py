@@ -22,13 +22,15 @@ WORKER_DEPTH = 2       # tasks a worker holds at once (one running, one queued);
 
 def apply_results(p: RowHost, b: Batch, lo: int, hi: int, out: list[tuple[int, str, Any]]) -> None:
     """Put a task's results into ``b`` (results thread) and report its rows done:
-    rows written (``"w"``), failed (``"e"``), sent back (``"s"``), or the whole
-    batch collated by the worker (``"c"``, one result for every row)."""
+    rows written (``"w"``: rows ``row`` to ``payload``, exclusive), failed
+    (``"e"``), sent back (``"s"``), or the whole batch collated by the worker
+    (``"c"``, one result for every row)."""
     if p.stopping:
         return
     for row, kind, payload in out:
         if kind == "w":
-            b.samples[row] = WRITTEN  # read back from its row if b is collated after all
+            # read back from their rows if b is collated after all
+            b.samples[row:payload] = [WRITTEN] * (payload - row)
         elif kind == "e":
             p.rows.note_failure(b, row, b.indices[row], rebuild(payload))
         elif kind == "s":

@@ -290,9 +290,10 @@ def _target(mapped: dict[str, _Rows], forget: list[str], path: str | None, layou
 
 def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows | None,
               inbox: _Tasks) -> list[tuple[int, str, Any]]:
-    """``dataset[idx]`` for each row of a task: ``(row, "w", None)`` written into
-    ``target``, ``(row, "s", sample)`` to pickle back, ``(row, "e", payload)`` for an
-    exception.  Stops early when the stage says stop (``inbox.stopped``)."""
+    """``dataset[idx]`` for each row of a task: ``(row, "w", end)`` for rows ``row``
+    to ``end`` (exclusive) written into ``target`` (a run written at once is one
+    result: one tuple to pickle and read back, not one a row), ``(row, "s",
+    sample)`` to pickle back, ``(row, "e", payload)`` for an exception.  Stops early when the stage says stop (``inbox.stopped``)."""
     out: list[tuple[int, str, Any]] = []
     held: list[tuple[int, Any]] = []  # loaded rows for one write_run at the end
     bulk = target is not None and target.writer is not None
@@ -308,7 +309,7 @@ def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows |
         if bulk:
             held.append((row, sample))
         elif target is not None and target.write(row, sample):
-            out.append((row, "w", None))
+            out.append((row, "w", row + 1))
         else:
             out.append((row, "s", sample))
         del sample
@@ -328,8 +329,9 @@ def _write_held(target: _Rows, held: list[tuple[int, Any]], out: list[Any]) -> N
             j += 1
         run = held[i:j]
         if target.write_run(run[0][0], [sample for _, sample in run]):
-            out.extend((row, "w", None) for row, _ in run)
+            out.append((run[0][0], "w", run[-1][0] + 1))
         else:
             for row, sample in run:
-                out.append((row, "w", None) if target.write(row, sample) else (row, "s", sample))
+                out.append((row, "w", row + 1) if target.write(row, sample)
+                           else (row, "s", sample))
         i = j
