@@ -293,7 +293,8 @@ def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows |
     """``dataset[idx]`` for each row of a task: ``(row, "w", end)`` for rows ``row``
     to ``end`` (exclusive) written into ``target`` (a run written at once is one
     result: one tuple to pickle and read back, not one a row), ``(row, "s",
-    sample)`` to pickle back, ``(row, "e", payload)`` for an exception.  Stops early when the stage says stop (``inbox.stopped``)."""
+    sample)`` to pickle back, ``(row, "e", payload)`` for an exception.  Stops
+    early when the stage says stop (``inbox.stopped``)."""
     out: list[tuple[int, str, Any]] = []
     held: list[tuple[int, Any]] = []  # loaded rows for one write_run at the end
     bulk = target is not None and target.writer is not None
