@@ -18,10 +18,10 @@ slowest round):
 Nothing here runs a loader: these are the per-row costs the loader's own figures
 (``asyncfeed bench``, ``bench/outcome.py``) contain.
 
-``--stack``: instead, what sets ``rowwrite.STACK_COPY_ROW_BYTES``, for runs of
-``float32`` tensor rows of three sizes: reading every row's dtype in Python, against
-what stacking into a new tensor and copying it into the buffers costs beyond stacking
-straight into them (``out=``), per run.
+``--stack``: instead, what the two ways ``rowwrite.StackWays`` measures on a tensor
+leaf's runs cost, for runs of ``float32`` tensor rows of three sizes: reading every
+row's dtype in Python, against what stacking into a new tensor and copying it into
+the buffers costs beyond stacking straight into them (``out=``), per run.
 
     PYTHONPATH=src python bench/row_writes.py --stack
 """

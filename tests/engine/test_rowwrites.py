@@ -25,7 +25,7 @@ from torch.utils.data import default_collate
 from asyncfeed._engine import samples
 from asyncfeed._engine.tasksize import Gate
 from asyncfeed._memory.layout import Layout, _Leaf
-from asyncfeed._engine.rowwrite import BULK_ROW_BYTES, STACK_COPY_ROW_BYTES, FlatWriter
+from asyncfeed._engine.rowwrite import BULK_ROW_BYTES, STACK_TRIALS, FlatWriter, StackWays
 from asyncfeed._engine.taskpool import TaskPool
 from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import assert_parity
@@ -138,19 +138,27 @@ def test_write_rows_declines_a_run_it_cannot_write_as_one():
             assert not w.write_rows(bufs, views, 0, 4, samples[:3] + [bad], bulk=bulk)
 
 
+def _kept(writer: FlatWriter, copy: bool) -> FlatWriter:
+    """``writer`` with every tensor leaf's way fixed (copy, or check: ``StackWays``)."""
+    for ways in writer.ways:
+        ways.kept = copy
+    return writer
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "check"])
 @pytest.mark.parametrize("shape", [(3, 4), (3, 16, 24)], ids=["small-rows", "large-rows"])
-def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says(shape):
+def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says(shape, copy):
     """A column of tensors goes in with one ``torch.stack``, which would promote or
     cast a row of another dtype and refuse one of another shape, or one that needs
     grad: each such run is declined whole (and nothing declined is left half
-    checked: the good run after it writes the bytes ``write_row`` writes).  Rows
-    of either side of ``STACK_COPY_ROW_BYTES`` (stacked, then copied; or stacked
-    into the buffers)."""
+    checked: the good run after it writes the bytes ``write_row`` writes).  Either
+    way of reading the rows' dtypes (stacked, then copied; or checked, then
+    stacked into the buffers)."""
     def good(i):
         return (torch.full(shape, i, dtype=torch.int16), torch.tensor(i))
     samples = [good(i) for i in range(4)]
     layout = Layout.infer(samples[0])
-    w = FlatWriter.for_layout(layout)
+    w = _kept(FlatWriter.for_layout(layout), copy)
     bufs = layout.allocate(4)
     views = layout.numpy_views(bufs)
     wider = shape[:-1] + (shape[-1] + 1,)
@@ -165,7 +173,7 @@ def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says
     floats = [(torch.full((2,), float(i), requires_grad=i == 2), i) for i in range(4)]
     flayout = Layout.infer(floats[0])
     fbufs = flayout.allocate(4)
-    fw = FlatWriter.for_layout(flayout)
+    fw = _kept(FlatWriter.for_layout(flayout), copy)
     assert not fw.write_rows(fbufs, flayout.numpy_views(fbufs), 0, 4, floats, bulk=True)
     a, b = zeroed_pair(layout, 4)
     assert w.write_rows(a, layout.numpy_views(a), 0, 4, samples, bulk=True)
@@ -174,18 +182,16 @@ def test_write_rows_declines_a_run_of_tensors_it_cannot_stack_as_the_layout_says
     assert_same_buffers(a, b)
 
 
-def test_a_run_of_small_tensors_is_written_as_default_collate_stacks_it():
-    """Rows of at most ``STACK_COPY_ROW_BYTES``, a row of a narrower dtype among
-    tensors of the layout's: ``torch.stack`` promotes it to the layout's dtype, as
-    ``default_collate`` does, so the run is written in bulk (not declined to be
-    collated row by row), its bytes what ``default_collate`` returns; a run whose
-    stack comes out in another dtype than the layout's is declined with nothing
-    written."""
-    assert 3 * 4 * 4 <= STACK_COPY_ROW_BYTES
+def test_a_run_stacked_then_copied_is_written_as_default_collate_stacks_it():
+    """The copy way, a row of a narrower dtype among tensors of the layout's:
+    ``torch.stack`` promotes it to the layout's dtype, as ``default_collate`` does,
+    so the run is written in bulk (not declined to be collated row by row), its
+    bytes what ``default_collate`` returns; a run whose stack comes out in another
+    dtype than the layout's is declined with nothing written."""
     samples = [(torch.full((3, 4), 10 * i, dtype=torch.int32), i) for i in range(4)]
     samples[2] = (torch.full((3, 4), 20, dtype=torch.int16), 2)
     layout = Layout.infer(samples[0])
-    w = FlatWriter.for_layout(layout)
+    w = _kept(FlatWriter.for_layout(layout), True)
     bufs = layout.allocate(4)
     assert w.write_rows(bufs, layout.numpy_views(bufs), 0, 4, samples, bulk=True)
     got, want = layout.assemble(bufs, 4), default_collate(samples)
@@ -195,6 +201,50 @@ def test_a_run_of_small_tensors_is_written_as_default_collate_stacks_it():
     a, b = zeroed_pair(layout, 4)
     assert not w.write_rows(a, layout.numpy_views(a), 0, 4, wider, bulk=True)
     assert_same_buffers(a, b)  # nothing written
+
+
+def test_a_leaf_keeps_the_way_its_own_runs_read_cheaper():
+    """``StackWays`` replayed: the ways alternate (check first) until each has
+    ``STACK_TRIALS`` runs, timed a row; then the one whose fastest run cost less a
+    row is kept, and later readings change nothing.  A slow run (the thread
+    waited) does not decide: the fastest does."""
+    def replay(check: list[float], copy: list[float], rows: int = 100) -> StackWays:
+        ways, c, k = StackWays(), iter(check), iter(copy)
+        while ways.kept is None:
+            way = ways.next()
+            ways.record(way, (next(k) if way else next(c)) * rows, rows)
+        return ways
+    order = StackWays()
+    seen = []
+    for _ in range(2 * STACK_TRIALS):
+        seen.append(order.next())
+        order.record(seen[-1], 1.0, 10)
+    assert seen == [False, True] * STACK_TRIALS
+    # small rows: a dtype read a row costs more than their copy
+    assert replay([60e-9, 58e-9, 90e-9], [30e-9, 31e-9, 29e-9]).kept is True
+    # large rows: the copy costs more; one slow check run does not decide
+    slow = replay([60e-9, 500e-9, 61e-9], [200e-9, 190e-9, 210e-9])
+    assert slow.kept is False
+    slow.record(True, 1e-9, 1)
+    assert slow.kept is False and slow.next() is False
+    assert len(slow.check) == len(slow.copy) == STACK_TRIALS
+
+
+def test_a_writer_measures_its_tensor_leaves_on_its_runs():
+    """Every bulk run of a tensor leaf is timed until the leaf's way is kept; a
+    writer's leaves are measured apart, and the bytes are ``write_row``'s whatever
+    the way."""
+    samples = [(torch.full((3, 4), i, dtype=torch.int16), torch.tensor(i)) for i in range(4)]
+    layout = Layout.infer(samples[0])
+    w = FlatWriter.for_layout(layout)
+    for _ in range(2 * STACK_TRIALS):
+        a, b = zeroed_pair(layout, 4)
+        assert w.write_rows(a, layout.numpy_views(a), 0, 4, samples, bulk=True)
+        for row in range(4):
+            layout.write_row(b, row, samples[row], layout.numpy_views(b))
+        assert_same_buffers(a, b)
+    assert [(len(x.check), len(x.copy)) for x in w.ways] == [(STACK_TRIALS,) * 2] * 2
+    assert all(x.kept is not None for x in w.ways)
 
 
 def test_a_dict_writer_declines_other_keys_and_containers():

@@ -12,6 +12,7 @@ batch then turns to collating).
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,8 @@ import torch
 
 from .._memory.layout import _PY_SCALARS, Layout, _Leaf
 
-__all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "FlatWriter", "write_one"]
+__all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "STACK_TRIALS", "FlatWriter", "StackWays",
+           "write_one"]
 
 
 #: rows of at most this many bytes are copied holding the GIL (a memcpy: ~10 us for a
@@ -33,14 +35,50 @@ HOLD_GIL_BYTES = 1 << 19
 #: once; smaller arrays are copied one by one holding it (cheaper than wrapping each
 #: in a tensor).  Tensor leaves are stacked at any size.
 BULK_ROW_BYTES = 1 << 15
-#: a column of tensor rows of at most this many bytes each is stacked into a new
-#: tensor and copied into the batch's buffers, its rows' dtypes read from the stack's
-#: result (``torch.stack`` promotes a row of another dtype, as ``default_collate``
-#: does); bigger rows are stacked straight into the buffers (``out=``), their dtypes
-#: checked first in Python, since ``out=`` would cast a row of another dtype.
-#: Reading a row's dtype in Python costs about what copying 3 KB does (~0.05 us on
-#: one core, ``bench/row_writes.py --stack``): below that the copy is the cheaper.
-STACK_COPY_ROW_BYTES = 1 << 10
+#: runs of a tensor leaf timed each way before its writer keeps the cheaper
+#: (:class:`StackWays`): the fewest whose fastest reading is the way's cost, not a
+#: run the thread waited through
+STACK_TRIALS = 3
+
+
+class StackWays:
+    """Which way one tensor leaf's runs have their rows' dtypes read, measured on
+    the leaf's own runs:
+
+    * *check*: each row's dtype read in Python, then ``torch.stack(out=)`` into
+      the batch's buffers (which would cast a row of another dtype);
+    * *copy*: ``torch.stack`` into a new tensor, whose dtype is what
+      ``default_collate`` returns (a row of another dtype promotes it), then one
+      copy into the buffers.
+
+    The check costs a Python attribute read a row, the copy the run's bytes once
+    more: which is cheaper depends on the row's size and on the machine (about
+    3 KB a row on one core here, ``bench/row_writes.py --stack``).  The first
+    ``STACK_TRIALS`` runs each way alternate, timed in seconds a row; then the
+    way whose fastest run cost less a row is kept.  The batch's bytes are the
+    same either way (a run with a narrower row, which the check way declines, is
+    then written row by row, as the copy way promotes it), so the choice moves
+    only the cost; threads that race on the readings lose a reading, never a
+    row."""
+
+    def __init__(self) -> None:
+        self.check: list[float] = []
+        self.copy: list[float] = []
+        self.kept: bool | None = None   # True: copy, False: check, None: measuring
+
+    def next(self) -> bool:
+        """Whether the next run takes the copy way."""
+        if self.kept is not None:
+            return self.kept
+        return len(self.copy) < len(self.check)
+
+    def record(self, copy: bool, seconds: float, rows: int) -> None:
+        """A run of ``rows`` rows written the ``copy`` way (or not) in ``seconds``."""
+        if self.kept is not None or rows <= 0:
+            return
+        (self.copy if copy else self.check).append(seconds / rows)
+        if len(self.check) >= STACK_TRIALS and len(self.copy) >= STACK_TRIALS:
+            self.kept = min(self.copy) < min(self.check)
 
 
 def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
@@ -84,6 +122,8 @@ class FlatWriter:
             if s.kind in ("tensor", "ndarray") and s.dtype is not None:
                 nbytes = math.prod(s.shape) * torch.empty((), dtype=s.dtype).element_size()
             self.specs.append((leaf.j, s.kind, s.shape, s.dtype, nbytes))
+        #: per leaf, how its tensor runs are stacked (measured: :class:`StackWays`)
+        self.ways = [StackWays() for _ in leaves]
 
     @property
     def row_bytes(self) -> int:
@@ -167,12 +207,14 @@ class FlatWriter:
             if any(leaves is None for leaves in flat):
                 return False
             columns = zip(*flat)
-        for (j, kind, shape, dtype, nbytes), col in zip(self.specs, columns):
+        for (j, kind, shape, dtype, nbytes), ways, col in zip(self.specs, self.ways, columns):
             v = views[j]
             if bulk and v is not None and kind != "scalar" and kind != "list" \
                     and set(map(type, col)) == {torch.Tensor}:
-                if not _stack_tensors(col, shape, dtype, nbytes, bufs[j][lo:hi]):
+                copy, t0 = ways.next(), time.perf_counter()
+                if not _stack_tensors(col, shape, dtype, bufs[j][lo:hi], copy):
                     return False
+                ways.record(copy, time.perf_counter() - t0, hi - lo)
                 continue
             if kind == "list":
                 for x in col:
@@ -225,22 +267,19 @@ class FlatWriter:
         return True
 
 
-def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, nbytes: int,
-                   out: torch.Tensor) -> bool:
+def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tensor,
+                   copy: bool) -> bool:
     """``out[:] = torch.stack(col)`` for a column of tensors of ``shape`` and
-    ``dtype``, ``nbytes`` a row: one stack, in C, for the whole run (a tensor
-    row's NumPy view costs more than its copy).  The first row's shape is
-    checked here and the rest by ``torch.stack``, which refuses rows of unequal
-    shape.  The rows' dtypes: rows of at most ``STACK_COPY_ROW_BYTES`` are
-    stacked into a new tensor, whose dtype is what ``default_collate`` would
-    return (a row of another dtype promotes it), then copied into ``out``;
-    bigger ones are checked row by row and stacked into ``out`` (which would
-    cast a row of another dtype).  False (the caller writes the rows again row
-    by row) for a run it cannot write so: another shape or dtype, a tensor that
-    needs grad or lives on another device."""
+    ``dtype``: one stack, in C, for the whole run (a tensor row's NumPy view
+    costs more than its copy).  The first row's shape is checked here and the
+    rest by ``torch.stack``, which refuses rows of unequal shape.  The rows'
+    dtypes are read the ``copy`` way or the check way (:class:`StackWays`).
+    False (the caller writes the rows again row by row) for a run it cannot
+    write so: another shape or dtype, a tensor that needs grad or lives on
+    another device."""
     if col[0].shape != shape:
         return False
-    if nbytes > STACK_COPY_ROW_BYTES:
+    if not copy:
         if {x.dtype for x in col} != {dtype}:
             return False
         try:
