@@ -56,6 +56,15 @@ def _per_call(fn: Callable[[], Any], seconds: float = 0.2) -> float:
             return t / n
 
 
+def _alternated(steps: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Each step's seconds a call, one reading a round, the order turning each round."""
+    got: dict[str, list[float]] = {k: [] for k in steps}
+    for r in range(rounds):
+        for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            got[name].append(_per_call(steps[name]))
+    return got
+
+
 def _stack_costs(rounds: int) -> None:
     """The ``--stack`` figures (see the module docstring)."""
     print(f"a run of float32 tensor rows, {rounds} rounds, medians: reading the rows' "
@@ -68,11 +77,7 @@ def _stack_costs(rounds: int) -> None:
             "out": lambda: torch.stack(col, out=out),
             "copy": lambda: out.copy_(torch.stack(col)),
         }
-        got: dict[str, list[float]] = {k: [] for k in steps}
-        for r in range(rounds):
-            for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
-                got[name].append(_per_call(steps[name]))
-        m = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+        m = {k: statistics.median(v) * 1e6 for k, v in _alternated(steps, rounds).items()}
         print(f"  {n:3d} rows of {'x'.join(map(str, shape)):9} ({out[0].nbytes:6d} B a row): "
               f"dtypes {m['dtypes']:7.1f} us, the copy {m['copy'] - m['out']:7.1f} us")
 
@@ -113,10 +118,7 @@ def main() -> None:
                 "worker write_run (a task's run)": lambda: shm_rows.write_run(0, samples),
                 "__getitem__": lambda: [built.dataset[i] for i in range(n)],
             }
-            got: dict[str, list[float]] = {k: [] for k in steps}
-            for r in range(args.rounds):
-                for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
-                    got[name].append(_per_call(steps[name]))
+            got = _alternated(steps, args.rounds)
         finally:
             shm_rows.close()
     print(f"{args.dataset}: batch {n}, {args.rounds} rounds; per batch, median (slowest), "
