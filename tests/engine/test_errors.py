@@ -215,6 +215,40 @@ def test_skip_fills_batches_from_the_next_samples(num_threads, collate_fn, execu
             assert torch.equal(b[0][:, 0], b[1]) and torch.equal(b[0][:, 1], -b[1])
 
 
+class CountedIds(Ids):
+    """:class:`Ids` (tiny rows) that counts its calls per index (rows run in this
+    process; a worker process counts its own)."""
+
+    def __init__(self, n: int, bad=()) -> None:
+        super().__init__(n, bad)
+        self.calls: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, i):
+        with self._lock:
+            self.calls[i] = self.calls.get(i, 0) + 1
+        return super().__getitem__(i)
+
+
+def test_tiny_rows_failing_mid_run_are_each_called_once(execution):
+    """Tiny rows load many to a stop check (``rowtasks.rows_between_checks``); rows
+    that fail in the middle of such a run, side by side and at a batch's ends,
+    are each called once and skipped, and every other row is delivered once, in
+    every epoch (the later ones with the row cost measured)."""
+    n, bs = 600, 64
+    bad = {0, 10, 11, 12, 63, 64, 200, 201, 599}
+    ds = CountedIds(n, bad=bad)
+    want = chunks([i for i in range(n) if i not in bad], bs)
+    with AsyncLoader(ds, batch_size=bs, on_error="skip", **on(execution)) as al:
+        for epoch in range(3):
+            ds.calls.clear()
+            assert ids_of(al) == want
+            # the loader's skipped samples, every epoch's
+            assert [s.index for s in al.stats().skipped] == sorted(bad) * (epoch + 1)
+            if execution != "processes":
+                assert ds.calls == {i: 1 for i in range(n)}, epoch
+
+
 def test_skip_with_shuffle_follows_the_plan_order(execution):
     n, bs, bad = 30, 4, {2, 3, 11, 19, 29}
     order = [i for b in DataLoader(range(n), batch_size=bs, shuffle=True,
