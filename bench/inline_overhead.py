@@ -10,7 +10,8 @@ worst round:
     PYTHONPATH=src python bench/inline_overhead.py --sets noop --rounds 12
 
 ``noop``: 64-row batches of ints, a ``len`` collate: nothing but the loaders' own cost,
-reported per batch.  ``detection``, ``text`` and ``tensors``: the outcome bench's data
+reported per batch.  ``pairs``: ``(int, float)`` rows, 256 a batch, the default
+collate: rows of well under a microsecond.  ``detection``, ``text`` and ``tensors``: the outcome bench's data
 sets (``asyncfeed._bench.userdata``), with their ``collate_fn`` (``tensors``: the
 default collate, the rows written into the batch's buffers).  AsyncLoader runs with
 ``execution="inline"`` (the choice its defaults settle on for these sets).
@@ -36,9 +37,19 @@ class _Noop:
         return i
 
 
+class _Pairs:
+    def __len__(self) -> int:
+        return 256 * 1024
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        return i, i * 0.5
+
+
 def _build(name: str) -> tuple[Any, list[int] | None, int, Any]:
     if name == "noop":
         return _Noop(), None, 64, len
+    if name == "pairs":
+        return _Pairs(), None, 256, None
     b = userdata.build(name)
     return b.dataset, b.order, b.batch_size, b.collate_fn
 
@@ -52,12 +63,14 @@ def _epoch(loader: Any) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", default="noop,detection,text,tensors")
+    ap.add_argument("--sets", default="noop,pairs,detection,text,tensors")
     ap.add_argument("--rounds", type=int, default=8)
     args = ap.parse_args()
     for name in args.sets.split(","):
         ds, order, bs, collate = _build(name)
-        kw: dict[str, Any] = {"batch_size": bs, "collate_fn": collate}
+        kw: dict[str, Any] = {"batch_size": bs}
+        if collate is not None:
+            kw["collate_fn"] = collate
         if order is not None:
             kw["sampler"] = order
         samples = len(order) if order is not None else len(ds)

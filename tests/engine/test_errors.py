@@ -231,10 +231,10 @@ class CountedIds(Ids):
 
 
 def test_tiny_rows_failing_mid_run_are_each_called_once(execution):
-    """Tiny rows load many to a stop check (``rowtasks.rows_between_checks``); rows
-    that fail in the middle of such a run, side by side and at a batch's ends,
-    are each called once and skipped, and every other row is delivered once, in
-    every epoch (the later ones with the row cost measured)."""
+    """Tiny rows load many to a task; rows that fail in the middle of a task's run,
+    side by side and at a batch's ends, are each called once and skipped, and
+    every other row is delivered once, in every epoch (the later ones with the
+    tasks sized by the measured row cost)."""
     n, bs = 600, 64
     bad = {0, 10, 11, 12, 63, 64, 200, 201, 599}
     ds = CountedIds(n, bad=bad)

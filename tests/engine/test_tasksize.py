@@ -13,8 +13,7 @@ import torch
 
 from asyncfeed import AsyncLoader
 from asyncfeed._engine.policy import INLINE, Mode, processes, threads
-from asyncfeed._engine.rowtasks import rows_between_checks
-from asyncfeed._engine.tasksize import TASK_TARGET_S, Gate, rows_per_task
+from asyncfeed._engine.tasksize import Gate, rows_per_task
 from asyncfeed._memory.layout import Layout
 from asyncfeed._engine.rowwrite import FlatWriter
 from support.buffers import assert_same_buffers, zeroed_pair
@@ -152,13 +151,3 @@ def test_stats_say_which_execution_ran():
         ex = al.stats().execution
         assert (ex.mode, ex.count, ex.reason.value) == (Mode.THREADS, 2, "fixed")
         assert str(ex) == "threads: 2 threads (chosen by the loader's arguments)"
-
-
-def test_rows_between_checks_last_about_one_task_target():
-    """A stop waits for about one task's target time of rows, one row before any
-    row's time is known."""
-    assert rows_between_checks(None) == 1
-    assert rows_between_checks(0.0) == 1
-    assert rows_between_checks(TASK_TARGET_S * 10) == 1
-    assert rows_between_checks(TASK_TARGET_S / 4) == 4
-    assert rows_between_checks(1e-7) == int(TASK_TARGET_S / 1e-7)

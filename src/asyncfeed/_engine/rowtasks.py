@@ -21,19 +21,8 @@ from typing import Any
 from .accounting import ASSEMBLE, DECODE
 from .batch import NO_RAW, Batch, BatchMode
 from .samples import RowHost, write_run
-from .tasksize import TASK_TARGET_S
 
-__all__ = ["load_rows", "rows_between_checks", "run_rows", "run_sample"]
-
-
-def rows_between_checks(row_wall_s: float | None) -> int:
-    """Rows a task loads between two checks of the pass's stop flag: as many as run
-    in about one task's target time (``TASK_TARGET_S``) at ``row_wall_s``, the
-    measured wall time of a row; one at a time before any row was measured.  A
-    stop then waits for about one task's time, as it does between tasks."""
-    if row_wall_s is None or row_wall_s <= 0:
-        return 1
-    return max(1, int(TASK_TARGET_S / row_wall_s))
+__all__ = ["load_rows", "run_rows", "run_sample"]
 
 
 def run_rows(p: RowHost, b: Batch, lo: int, hi: int) -> None:
@@ -89,28 +78,17 @@ def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
     get = rows.dataset.__getitem__
     samples, indices = b.samples, b.indices
     failed: list[int] | None = None
-    step = rows_between_checks(p.row_cost.wall_s)
-    row = lo
-    while row < hi:
+    for row in range(lo, hi):
         if p.stopping:
             return row - lo, 0.0, 0.0
-        end = min(hi, row + step)
-        got: list[Any] = []
+        idx = indices[row]
         try:
-            # each row called once, in a C loop: for rows of well under a
-            # microsecond, a Python loop's own work a row (the stop check, the
-            # index, the store) is a good part of what they cost
-            got.extend(map(get, indices[row:end]))
+            samples[row] = get(idx)
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
-            bad = row + len(got)  # extend keeps the rows before the failure
-            rows.note_failure(b, bad, indices[bad], e)
+            rows.note_failure(b, row, idx, e)
             if failed is None:
                 failed = []
-            failed.append(bad)
-            end = bad + 1
-            got.append(None)
-        samples[row:end] = got
-        row = end
+            failed.append(row)
     t = acct.end(DECODE, t0, hi - lo - (len(failed) if failed is not None else 0))
     if ring:
         if b.mismatch:
