@@ -11,10 +11,11 @@ worst round:
 
 ``noop``: 64-row batches of ints, a ``len`` collate: nothing but the loaders' own cost,
 reported per batch.  ``pairs``: ``(int, float)`` rows, 256 a batch, the default
-collate: rows of well under a microsecond.  ``detection``, ``text`` and ``tensors``: the outcome bench's data
-sets (``asyncfeed._bench.userdata``), with their ``collate_fn`` (``tensors``: the
-default collate, the rows written into the batch's buffers).  AsyncLoader runs with
-``execution="inline"`` (the choice its defaults settle on for these sets).
+collate: rows of well under a microsecond.  ``detection``, ``text`` and ``tensors``:
+the outcome bench's data sets (``asyncfeed._bench.userdata``), with their
+``collate_fn`` (``tensors``: the default collate, the rows written into the batch's
+buffers).  AsyncLoader runs with ``execution="inline"`` (the choice its defaults
+settle on for these sets).
 """
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def main() -> None:
         dl = DataLoader(ds, num_workers=0, **kw)
         with AsyncLoader(ds, execution="inline", **kw) as al:
             _epoch(dl), _epoch(al)
-            runs: dict[str, list[tuple[float, float, int]]] = {"DataLoader w=0": [], "AsyncLoader": []}
+            runs: dict[str, list[tuple[float, float, int]]] = {"DataLoader w=0": [],
+                                                               "AsyncLoader": []}
             for _ in range(args.rounds):
                 runs["DataLoader w=0"].append(_epoch(dl))
                 runs["AsyncLoader"].append(_epoch(al))
