@@ -644,28 +644,38 @@ def test_one_thread_waiting_only_for_the_consumers_python_duels_processes_before
 
 def test_a_process_that_leaves_processes_no_second_core_keeps_the_order():
     """Threads that ran one at a time beside a consumer that keeps a whole core
-    busy: processes would have one core, which one thread has too; the order
-    stays, and their bound skips them after one thread's duel."""
+    busy: processes would have one core, which one thread has too; they are not
+    dueled first, inline is (the rows ran one at a time), and it stays; then the
+    rows' rate per core under inline (no hand-off: a worker's row costs no less)
+    times the one core left skips processes, with no solo windows of one thread."""
     sp = space(2)
     rec, ran = run(sp, gil_bound(2), 0.0, core_rate=1000.0, other_cores=1.0)
-    assert ran[:2] == [threads(2), threads(1)], ran
+    assert ran[:2] == [threads(2), INLINE], ran
     assert not any(c.mode is Mode.PROCESSES for c in ran), ran
+    assert threads(1) not in ran, ran
+    d = decide(rec, sp)
+    assert d.choice == INLINE and d.processes_skipped is Reason.NO_ROOM, d
 
 
 @pytest.mark.parametrize("cores", [2, 16])
 def test_processes_that_lose_when_dueled_first_leave_the_search_to_go_on(cores):
     """Serialised threads, but processes slower still (each row's trip costs more
-    than it saves): the start stays, and the search goes on from one thread's duel
-    to inline, which wins as it does in the usual order."""
+    than it saves): the start stays, and inline is dueled next, before the thread
+    ladder (fewer threads, one at a time too, could only tie the start); it wins,
+    and no thread count is walked.  Where the windows do not know their CPU (no
+    sign of the rows running one at a time), the usual order reaches it too."""
     sp = space(cores)
     rate = _contended(1100.0, 1000.0, 200.0)
     rec, ran = run(sp, rate, 0.0, core_rate=1000.0, other_cores=0.8)
     assert ran[_first_processes(ran) - 1].mode is Mode.THREADS
     d = decide(rec, sp)
     assert d.duels[0].dear == processes(cores) and d.duels[0].winner == threads(cores), d
-    assert d.choice == INLINE and threads(1) in ran, (d, ran)
-    rec2, _ = run(sp, rate, 0.0)
-    assert decide(rec2, sp).choice == INLINE
+    assert d.duels[1].cheap == INLINE and d.duels[1].dear == threads(cores), d
+    assert d.choice == INLINE and threads(1) not in ran, (d, ran)
+    assert d.processes_first and d.inline_before_threads, d
+    rec2, ran2 = run(sp, rate, 0.0)
+    d2 = decide(rec2, sp)
+    assert d2.choice == INLINE and threads(1) in ran2 and not d2.inline_before_threads
 
 
 def test_rows_that_wait_get_more_threads_than_cores():

@@ -392,6 +392,7 @@ class Chooser:
                                inline_skipped=d.inline_skipped,
                                threads_skipped=d.threads_skipped,
                                processes_first=d.processes_first,
+                               inline_before_threads=d.inline_before_threads,
                                processes_before_up=d.processes_before_up,
                                processes_before_down=d.processes_before_down,
                                more_processes_skipped=d.more_processes_skipped)

@@ -31,6 +31,9 @@ class Decision:
     (rows per CPU second of the choice's windows together, times the cores left
     to them, less the margin); else None.  ``processes_first``: the start's threads
     ran the rows one at a time, so processes were dueled first (the search's order).
+    ``inline_before_threads``: the start's threads ran the rows one at a time, so
+    inline was dueled before the thread ladder (after processes, where they came
+    first).
     ``processes_before_up``: processes were dueled before more threads (the
     search's order): one thread beat the start, or one thread's rows never
     waited and more threads would be more than the cores.
@@ -55,6 +58,7 @@ class Decision:
     inline_skipped: Reason | None = None
     threads_skipped: Reason | None = None
     processes_first: bool = False
+    inline_before_threads: bool = False
     processes_before_up: bool = False
     processes_before_down: bool = False
     window_scale: int = 1

@@ -38,6 +38,8 @@ class ExecutionReport:
     why more threads were not measured (``NO_ROOM``: the rows already ran at the
     cores' rate), if they were not.  ``processes_first``: processes were dueled
     first, the start's threads having run the rows one at a time.
+    ``inline_before_threads``: inline was dueled before the thread ladder, for the
+    same reason.
     ``processes_before_up``: processes were dueled before more threads, one
     thread having beaten the threads at the cores, or its rows having never
     waited where more threads would be more than the cores.  ``processes_before_down``:
@@ -57,6 +59,7 @@ class ExecutionReport:
     inline_skipped: Reason | None = None
     threads_skipped: Reason | None = None
     processes_first: bool = False
+    inline_before_threads: bool = False
     processes_before_up: bool = False
     processes_before_down: bool = False
     more_processes_skipped: Reason | None = None
@@ -90,6 +93,9 @@ class ExecutionReport:
                                                            key=lambda kv: kv[0].cost)))
         if self.processes_first:
             parts.append("processes tried first: the threads ran the rows one at a time")
+        if self.inline_before_threads:
+            parts.append("inline tried before fewer threads: the threads ran the rows one "
+                         "at a time")
         if self.processes_before_up:
             parts.append("processes tried before more threads: one thread beat the "
                          "threads at the cores, or its rows never waited, or the threads "

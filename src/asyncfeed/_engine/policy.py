@@ -206,7 +206,9 @@ class _Replay(SearchBounds):
         self.moved = False             # the current phase moved the choice
         self.rival: Candidate | None = None
         self.soloing = False
-        self.processes_first = False   # the start's threads ran the rows one at a time
+        self.serialised_start = False  # the start's threads ran the rows one at a time
+        self.processes_first = False   # ... so processes were dueled first
+        self.inline_before_threads = False  # ... and inline before the thread ladder
         self.processes_before_up = False  # processes came before the climb (step 3)
         self.processes_before_down = False  # the start's threads fell short of scaling
         # the thread choice that processes were dueled against before the climb (step
@@ -432,28 +434,43 @@ class _Replay(SearchBounds):
 
     def _order_processes_first(self) -> bool:
         """After the start's first window of the first search: where its threads ran
-        the rows one at a time (:meth:`_serialised`), open the processes duel now
-        (see the module docstring); True where it did."""
-        if self.phases[:1] != ["bottom"] or self.single_step or self.processes_first \
+        the rows one at a time (:meth:`_serialised`), inline comes before the thread
+        ladder, and processes before both where they could win; open the first of
+        them now (see the module docstring).  True where the order changed."""
+        if self.phases[:1] != ["bottom"] or self.single_step or self.serialised_start \
                 or self.theirs or len(self.mine) != 1 or self.choice != self.space.start \
                 or self.choice.mode is not Mode.THREADS or self.choice.count < 2 \
-                or self.process is None or "processes" not in self.phases \
                 or not self._serialised(self.mine):
             return False
-        # where processes could be skipped in their own phase, the order stays: the
-        # consumer already takes no more; the hand-off bounds them below one core's
-        # rate of the rows (what fewer threads or inline may still reach); or the
-        # process leaves them no more than a core
-        first, m = self.mine[0], self._margin()
-        if first.ceiling <= first.rate * (1 + m) \
-                or self._core_rate() * (1 + m) >= self._handoff_bound() \
-                or min(self._cores_left(), self.process.count) <= 1 + m:
+        self.serialised_start = True
+        # fewer threads run the rows one at a time too, so they can only tie the
+        # start; inline, cheaper than any, pays no hand-off: where it stays, no
+        # thread count can beat it by the margin, and the ladder is not walked
+        moved = self.space.inline and "inline" in self.phases
+        if moved:
+            self.inline_before_threads = True
+            self.phases.remove("inline")
+            self.phases.insert(0, "inline")
+        if self._processes_go_first():
+            moved = self.processes_first = True
+            self.phases.remove("processes")
+            self.phases.insert(0, "processes")
+        if moved:
+            self._advance()
+        return moved
+
+    def _processes_go_first(self) -> bool:
+        """Whether processes, where the start's threads ran the rows one at a time,
+        are dueled first: not where they could be skipped in their own phase (the
+        consumer already takes no more; the hand-off bounds them below one core's
+        rate of the rows, what fewer threads or inline may still reach; or the
+        process leaves them no more than a core)."""
+        if self.process is None or "processes" not in self.phases:
             return False
-        self.processes_first = True
-        self.phases.remove("processes")
-        self.phases.insert(0, "processes")
-        self._advance()
-        return True
+        first, m = self.mine[0], self._margin()
+        return not (first.ceiling <= first.rate * (1 + m)
+                    or self._core_rate() * (1 + m) >= self._handoff_bound()
+                    or min(self._cores_left(), self.process.count) <= 1 + m)
 
     def _order_processes_before_down(self) -> bool:
         """After the bottom duel that the start won: where the start's threads ran
@@ -570,6 +587,7 @@ def decide(record: Record, space: Space, config: PolicyConfig = PolicyConfig()) 
                     rival=threads(1) if r.soloing else r.rival,
                     inline_skipped=r.inline_skipped, threads_skipped=r.threads_skipped,
                     processes_first=r.processes_first,
+                    inline_before_threads=r.inline_before_threads and INLINE in r.tried,
                     # reordered, but skipped by a bound in their turn: not tried
                     processes_before_up=r.processes_before_up and r.skipped is None,
                     processes_before_down=r.processes_before_down and r.skipped is None,

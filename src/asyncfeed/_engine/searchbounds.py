@@ -57,10 +57,11 @@ class SearchBounds:
         and the most of many such readings would be their noise.  Of the choice's
         threads: what a core runs the rows at with those threads side by side
         (cores that share caches, memory and their siblings' pipelines run each row
-        slower than one alone, and so would as many worker processes); 0 where the
-        choice is not threads."""
+        slower than one alone, and so would as many worker processes).  Of inline:
+        what the consumer's thread runs them at, with no task hand-off (a worker's
+        row costs at least that).  0 where ``of`` is processes."""
         windows = self.fresh if of is None else [w for w in self.fresh if w.candidate == of]
-        rows, cpu = rows_and_cpu(windows, inline=False)
+        rows, cpu = rows_and_cpu(windows, inline=of is not None and of.mode is Mode.INLINE)
         return rows / cpu if cpu > 0 else 0.0
 
     def _beyond_one_core(self) -> bool:
