@@ -111,9 +111,11 @@ Python, serialised them),
 step 4 comes first, without one thread's solo windows for its bound -- fewer
 threads cannot beat threads that already ran one at a time, and processes are
 the one candidate that can (rows that wait on storage leave the process idle
-instead, and keep the order).  The other steps follow as above: where processes
-won, the ladder's duels have no thread choice to start from and inline meets the
-one-core bound; where they lost, the search goes on from step 1.  Likewise,
+instead, and keep the order) -- and step 5 comes next, before step 1: fewer
+threads could only tie the start, and inline, cheaper than any thread count and
+paying no hand-off, ends the search where it stays (step 4 against an inline
+choice is bounded by inline's rows per CPU second).  Where processes won, inline
+meets the one-core bound; where inline lost, the search goes on from step 1.  Likewise,
 where the start won step 1 and one thread's rows never waited (its windows
 kept the process a core busy, within ``min_margin``: the rows, or the rows and
 the consumer's Python that took the GIL between them), step 4 comes before
