@@ -22,10 +22,10 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from asyncfeed._engine import samples
+from asyncfeed._engine import rowwrite, samples
 from asyncfeed._engine.tasksize import Gate
 from asyncfeed._memory.layout import Layout, _Leaf
-from asyncfeed._engine.rowwrite import BULK_ROW_BYTES, STACK_TRIALS, FlatWriter, StackWays
+from asyncfeed._engine.rowwrite import BULK_ROW_BYTES, FlatWriter, StackWays
 from asyncfeed._engine.taskpool import TaskPool
 from support.buffers import assert_same_buffers, zeroed_pair
 from support.oracle import assert_parity
@@ -203,31 +203,61 @@ def test_a_run_stacked_then_copied_is_written_as_default_collate_stacks_it():
     assert_same_buffers(a, b)  # nothing written
 
 
-def test_a_leaf_keeps_the_way_its_own_runs_read_cheaper():
-    """``StackWays`` replayed: the ways alternate (check first) until each has
-    ``STACK_TRIALS`` runs, timed a row; then the one whose fastest run cost less a
-    row is kept, and later readings change nothing.  A slow run (the thread
-    waited) does not decide: the fastest does."""
-    def replay(check: list[float], copy: list[float], rows: int = 100) -> StackWays:
-        ways, c, k = StackWays(), iter(check), iter(copy)
-        while ways.kept is None:
-            way = ways.next()
-            ways.record(way, (next(k) if way else next(c)) * rows, rows)
-        return ways
-    order = StackWays()
-    seen = []
-    for _ in range(2 * STACK_TRIALS):
+def _replay(check: list[float], copy: list[float], rows: int = 100) -> StackWays:
+    """``StackWays`` fed the runs ``check`` and ``copy`` (seconds a row, each way's
+    cold run first) in the order it asks for them, until it keeps a way."""
+    ways, c, k = StackWays(), iter(check), iter(copy)
+    while ways.kept is None:
+        way = ways.next()
+        ways.record(way, (next(k) if way else next(c)) * rows, rows)
+    return ways
+
+
+def test_the_ways_alternate_and_each_ones_cold_run_is_left_out():
+    """Check first, then copy, alternating; each way's first run is not a reading,
+    and the way is kept once each has two readings (the fewest with a spread)."""
+    order, seen = StackWays(), []
+    while order.kept is None:
         seen.append(order.next())
-        order.record(seen[-1], 1.0, 10)
-    assert seen == [False, True] * STACK_TRIALS
+        order.record(seen[-1], 1e-6 * (len(seen) if seen[-1] else 50), 10)
+    assert seen == [False, True] * 3
+    assert len(order.check) == len(order.copy) == 2
+    # the cold runs (50 us and 2 us) are not among the readings
+    assert order.check == pytest.approx([0.1e-6 * 50] * 2)
+    assert order.copy == pytest.approx([0.4e-6, 0.6e-6])
+    assert order.kept is True
+    order.record(False, 1e-9, 1)   # later readings change nothing
+    assert order.kept is True and order.next() is True and len(order.check) == 2
+
+
+def test_a_leaf_keeps_the_way_that_leads_by_more_than_its_runs_spread():
+    """Replayed readings: the cheaper median is kept where it leads by more than
+    the spread between like runs; within it the check way stays."""
     # small rows: a dtype read a row costs more than their copy
-    assert replay([60e-9, 58e-9, 90e-9], [30e-9, 31e-9, 29e-9]).kept is True
-    # large rows: the copy costs more; one slow check run does not decide
-    slow = replay([60e-9, 500e-9, 61e-9], [200e-9, 190e-9, 210e-9])
-    assert slow.kept is False
-    slow.record(True, 1e-9, 1)
-    assert slow.kept is False and slow.next() is False
-    assert len(slow.check) == len(slow.copy) == STACK_TRIALS
+    assert _replay([900e-9, 60e-9, 58e-9], [900e-9, 30e-9, 31e-9]).kept is True
+    # large rows: the copy costs more
+    assert _replay([900e-9, 60e-9, 61e-9], [900e-9, 200e-9, 190e-9]).kept is False
+    # a cold run that reads cheapest does not decide: it is left out
+    assert _replay([1e-9, 60e-9, 61e-9], [900e-9, 50e-9, 52e-9]).kept is True
+    # copy reads 10% cheaper, but like runs read 40% apart: a tie, check stays
+    assert _replay([900e-9, 50e-9, 80e-9], [900e-9, 48e-9, 69e-9]).kept is False
+    # the same lead with runs 2% apart decides
+    assert _replay([900e-9, 65e-9, 66e-9], [900e-9, 58e-9, 59e-9]).kept is True
+
+
+def test_a_leaf_reads_its_runs_in_the_threads_cpu_time(monkeypatch):
+    """A run is timed with ``time.thread_time``: a thread that waits (for the GIL,
+    for a core) has its run read what its work cost, not the wait."""
+    samples = [(torch.full((3, 4), i, dtype=torch.int16),) for i in range(4)]
+    layout = Layout.infer(samples[0])
+    w = FlatWriter.for_layout(layout)
+    clock = iter([0.0, 1.0, 1.0, 1.5, 1.5, 3.5, 3.5, 4.0, 4.0, 6.0, 6.0, 6.5])
+    monkeypatch.setattr(rowwrite, "thread_time", lambda: next(clock))
+    for _ in range(6):
+        bufs = layout.allocate(4)
+        assert w.write_rows(bufs, layout.numpy_views(bufs), 0, 4, samples, bulk=True)
+    assert w.ways[0].check == [0.5, 0.5] and w.ways[0].copy == [0.125, 0.125]
+    assert w.ways[0].kept is True
 
 
 def test_a_writer_measures_its_tensor_leaves_on_its_runs():
@@ -237,13 +267,13 @@ def test_a_writer_measures_its_tensor_leaves_on_its_runs():
     samples = [(torch.full((3, 4), i, dtype=torch.int16), torch.tensor(i)) for i in range(4)]
     layout = Layout.infer(samples[0])
     w = FlatWriter.for_layout(layout)
-    for _ in range(2 * STACK_TRIALS):
+    for _ in range(6):
         a, b = zeroed_pair(layout, 4)
         assert w.write_rows(a, layout.numpy_views(a), 0, 4, samples, bulk=True)
         for row in range(4):
             layout.write_row(b, row, samples[row], layout.numpy_views(b))
         assert_same_buffers(a, b)
-    assert [(len(x.check), len(x.copy)) for x in w.ways] == [(STACK_TRIALS,) * 2] * 2
+    assert [(len(x.check), len(x.copy)) for x in w.ways] == [(2, 2)] * 2
     assert all(x.kept is not None for x in w.ways)
 
 

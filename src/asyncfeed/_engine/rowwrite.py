@@ -12,16 +12,17 @@ batch then turns to collating).
 from __future__ import annotations
 
 import math
-import time
+import statistics
+from time import thread_time
 from typing import Any
 
 import numpy as np
 import torch
 
 from .._memory.layout import _PY_SCALARS, Layout, _Leaf
+from .duel import spread
 
-__all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "STACK_TRIALS", "FlatWriter", "StackWays",
-           "write_one"]
+__all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "FlatWriter", "StackWays", "write_one"]
 
 
 #: rows of at most this many bytes are copied holding the GIL (a memcpy: ~10 us for a
@@ -35,10 +36,6 @@ HOLD_GIL_BYTES = 1 << 19
 #: once; smaller arrays are copied one by one holding it (cheaper than wrapping each
 #: in a tensor).  Tensor leaves are stacked at any size.
 BULK_ROW_BYTES = 1 << 15
-#: runs of a tensor leaf timed each way before its writer keeps the cheaper
-#: (:class:`StackWays`): the fewest whose fastest reading is the way's cost, not a
-#: run the thread waited through
-STACK_TRIALS = 3
 
 
 class StackWays:
@@ -52,33 +49,49 @@ class StackWays:
       copy into the buffers.
 
     The check costs a Python attribute read a row, the copy the run's bytes once
-    more: which is cheaper depends on the row's size and on the machine (about
-    3 KB a row on one core here, ``bench/row_writes.py --stack``).  The first
-    ``STACK_TRIALS`` runs each way alternate, timed in seconds a row; then the
-    way whose fastest run cost less a row is kept.  The batch's bytes are the
-    same either way (a run with a narrower row, which the check way declines, is
-    then written row by row, as the copy way promotes it), so the choice moves
-    only the cost; threads that race on the readings lose a reading, never a
-    row."""
+    more: which is cheaper depends on the row's size and on the machine
+    (``bench/row_writes.py --stack``), so it is measured, as the execution is
+    (:func:`.duel.judge`).  The ways alternate, check first; a run is read in
+    the writing thread's CPU seconds a row (``time.thread_time``: a run the
+    thread waited through, for the GIL or a core, reads what its work cost),
+    and each way's first run is left out (it pays for first touches the later
+    ones do not).  Once each way has two more, the way whose median reads
+    cheaper by more than the spread between like runs (:func:`.duel.spread`, of
+    either way) is kept; where neither leads by that much the check way stays,
+    which writes no bytes twice.  Two runs a way are the fewest that measure a
+    spread, so the choice costs a leaf three runs each way.
+
+    The batch's bytes are the same either way (a run with a narrower row, which
+    the check way declines, is then written row by row, as the copy way promotes
+    it), so the choice moves only the cost; threads that race on the readings
+    lose a reading, never a row."""
 
     def __init__(self) -> None:
+        #: each way's runs, CPU seconds a row, its first (cold) run left out
         self.check: list[float] = []
         self.copy: list[float] = []
+        self._runs = {False: 0, True: 0}   # runs recorded each way, the cold one too
         self.kept: bool | None = None   # True: copy, False: check, None: measuring
 
     def next(self) -> bool:
         """Whether the next run takes the copy way."""
         if self.kept is not None:
             return self.kept
-        return len(self.copy) < len(self.check)
+        return self._runs[True] < self._runs[False]
 
     def record(self, copy: bool, seconds: float, rows: int) -> None:
-        """A run of ``rows`` rows written the ``copy`` way (or not) in ``seconds``."""
+        """A run of ``rows`` rows written the ``copy`` way (or not) in ``seconds``
+        of the writing thread's CPU time."""
         if self.kept is not None or rows <= 0:
             return
+        self._runs[copy] += 1
+        if self._runs[copy] == 1:
+            return
         (self.copy if copy else self.check).append(seconds / rows)
-        if len(self.check) >= STACK_TRIALS and len(self.copy) >= STACK_TRIALS:
-            self.kept = min(self.copy) < min(self.check)
+        if len(self.check) >= 2 and len(self.copy) >= 2:
+            margin = max(spread(self.check), spread(self.copy))
+            self.kept = statistics.median(self.check) > \
+                statistics.median(self.copy) * (1 + margin)
 
 
 def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
@@ -211,10 +224,10 @@ class FlatWriter:
             v = views[j]
             if bulk and v is not None and kind != "scalar" and kind != "list" \
                     and set(map(type, col)) == {torch.Tensor}:
-                copy, t0 = ways.next(), time.perf_counter()
+                copy, t0 = ways.next(), thread_time()
                 if not _stack_tensors(col, shape, dtype, bufs[j][lo:hi], copy):
                     return False
-                ways.record(copy, time.perf_counter() - t0, hi - lo)
+                ways.record(copy, thread_time() - t0, hi - lo)
                 continue
             if kind == "list":
                 for x in col:
