@@ -1362,6 +1362,7 @@ class _Control:
         self.refused: set[Candidate] = set()  # candidates that cannot start
         self.asked: list[Candidate] = []      # every candidate apply() was asked for
         self.wcpu = 0.0
+        self.collections = 0  # what full_collections() answers
 
     def waited(self) -> float:
         return self.clock[0]  # the consumer only waits: the loader is the bottleneck
@@ -1380,6 +1381,9 @@ class _Control:
 
     def rows_cpu(self) -> float:
         return self.cpu
+
+    def full_collections(self) -> int:
+        return self.collections
 
     def process_cpu(self) -> float:
         return self.pcpu
@@ -1523,6 +1527,52 @@ def test_the_window_not_used_sees_one_completion_per_task(cores):
     assert ch.record.windows[1].candidate == processes(cores)
     assert ch.record.windows[1].seconds == pytest.approx(0.02 * events)
     assert clock[0] - switched == pytest.approx(0.02 * (1 + cores + events))
+
+
+def test_a_window_a_full_collection_stalled_is_read_again_once():
+    """A collection of the oldest generation stops every thread and lands in one
+    window: that window is not a reading, the candidate's next is.  Where the
+    window before saw one too (collections as frequent as windows), it counts."""
+    clock = [0.0]
+    ch = Chooser(space(16), clock=lambda: clock[0])
+    ctl = _Control(gil_free(16), clock)
+    ch.begin_pass(ctl)
+    _complete_until(ch, ctl, windows=1)
+
+    def close_one(collections: int) -> bool:
+        """Run until the open window closes, ``collections`` full collections in
+        it; whether it was recorded."""
+        while ch._w0 is None:   # after a switch, the window opens at a completion
+            ctl.advance(0.02, chunks=1)
+            ch.tick()
+        assert ch.exploring and ch._warmup == 0 and ch.current.mode is Mode.THREADS
+        opened, n = ch._w0, len(ch.record.windows)
+        ctl.collections += collections
+        while ch._w0 is opened:
+            ctl.advance(0.02, chunks=1)
+            ch.tick()
+        return len(ch.record.windows) > n
+
+    assert close_one(0) is True
+    assert close_one(1) is False and ch._stalled      # read again
+    assert close_one(0) is True and not ch._stalled
+    assert close_one(2) is False                      # read again
+    assert close_one(1) is True                       # the one before stalled too
+    assert close_one(0) is True
+
+
+def test_a_full_collection_counted_by_the_pipeline_is_the_oldest_generations():
+    """``gcpauses.count`` counts collections of generation 2, ``gc.collect()``'s
+    included, not the young generations'."""
+    import gc
+
+    from asyncfeed._engine import gcpauses
+    before = gcpauses.count()
+    gc.collect(0)
+    gc.collect(1)
+    assert gcpauses.count() == before
+    gc.collect()
+    assert gcpauses.count() == before + 1
 
 
 def test_the_chooser_settles_carries_over_and_rechecks_a_drift_at_a_bounded_cost():

@@ -77,6 +77,11 @@ class ExecutionControl(Protocol):
         """How many of the pass's tasks its decode threads run now (0 with none)."""
         ...
 
+    def full_collections(self) -> int:
+        """How many collections of the oldest generation this process ran so far
+        (:func:`.gcpauses.count`)."""
+        ...
+
     def handoff(self, budget_s: float) -> Handoff | None:
         """What a row costs to travel back from a worker process (measured on rows
         the pass loaded, spending at most about ``budget_s`` of CPU on it;
@@ -107,12 +112,14 @@ class _Mark(NamedTuple):
     cpu: float = 0.0
     process_cpu: float = 0.0
     workers_cpu: float = 0.0
+    collections: int = 0
 
     @classmethod
     def now(cls, control: ExecutionControl, rows: int, events: int, last: float) -> _Mark:
         """The counters of ``control``'s pass at its completion ``last``."""
         return cls(last, rows, events, control.waited(), control.rows_cpu(),
-                   control.process_cpu(), control.workers_cpu())
+                   control.process_cpu(), control.workers_cpu(),
+                   control.full_collections())
 
     def plus(self, start: _Mark, end: _Mark) -> _Mark:
         """These counters with what a pass added from ``start`` to ``end``."""
@@ -163,6 +170,7 @@ class Chooser:
         # process still warms up sit below what it reads a second later
         self._baseline: list[float] = []
         self._requested: Candidate | None = None
+        self._stalled = False  # the last window closed saw a full collection
 
     # ------------------------------------------------------------------ passes
     def begin_pass(self, control: ExecutionControl) -> None:
@@ -286,8 +294,16 @@ class Chooser:
         window = Window(self.current, total.rows, elapsed,
                         min(elapsed, max(0.0, total.waited)), max(0.0, total.cpu),
                         max(0.0, total.process_cpu), max(0.0, total.workers_cpu))
+        # a full collection stops every thread for as long as it takes, and lands in
+        # one window of many: that window is read again, unless the one before saw
+        # one too (then collections come as often as windows, and each candidate's
+        # windows pay them)
+        stalled, was = total.collections > 0, self._stalled
+        self._stalled = stalled
         if self._warmup > 0:
             self._warmup -= 1
+        elif stalled and not was and not self.decision.settled:
+            pass
         elif not self.decision.settled:
             if not self.record.windows:
                 # read once, before the first window: the whole record replays with it;

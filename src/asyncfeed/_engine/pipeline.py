@@ -53,7 +53,7 @@ from .policy import Candidate, Handoff, Mode
 from .processes import handover, transport
 from .readahead import ReadAhead
 from .runtime import Runtime
-from . import rowtasks, samples
+from . import gcpauses, rowtasks, samples
 from .samples import LayoutHolder, SampleRows
 from .tasksize import Gate
 
@@ -323,6 +323,11 @@ class Pipeline(BatchHandoff):
         """Decode tasks running in the pool's threads now (see
         ``chooser.ExecutionControl``)."""
         return self.runtime.pool.running()
+
+    def full_collections(self) -> int:
+        """Collections of the oldest generation this process ran so far (see
+        ``chooser.ExecutionControl``)."""
+        return gcpauses.count()
 
     def handoff(self, budget_s: float) -> Handoff | None:
         """What a row costs to travel back from a worker process: nothing where
