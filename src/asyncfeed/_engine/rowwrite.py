@@ -94,6 +94,18 @@ class StackWays:
                 statistics.median(self.copy) * (1 + margin)
 
 
+def _stack_measured(ways: StackWays, col: Any, shape: Any, dtype: Any, out: Any) -> bool:
+    """:func:`_stack_tensors` the way ``ways`` asks for, the run timed until it keeps
+    one (a kept way reads no clock: ``thread_time`` is a system call)."""
+    if ways.kept is not None:
+        return _stack_tensors(col, shape, dtype, out, ways.kept)
+    copy, t0 = ways.next(), thread_time()
+    if not _stack_tensors(col, shape, dtype, out, copy):
+        return False
+    ways.record(copy, thread_time() - t0, len(col))
+    return True
+
+
 def _copy_row(dst: Any, row: int, x: Any, nbytes: int) -> None:
     """``dst[row] = x`` (same shape and dtype), holding the GIL when the row is small
     and both sides are C-contiguous; byte for byte what NumPy's assignment writes."""
@@ -224,14 +236,8 @@ class FlatWriter:
             v = views[j]
             if bulk and v is not None and kind != "scalar" and kind != "list" \
                     and set(map(type, col)) == {torch.Tensor}:
-                if ways.kept is not None:   # measured: no clock read (a system call)
-                    if not _stack_tensors(col, shape, dtype, bufs[j][lo:hi], ways.kept):
-                        return False
-                    continue
-                copy, t0 = ways.next(), thread_time()
-                if not _stack_tensors(col, shape, dtype, bufs[j][lo:hi], copy):
+                if not _stack_measured(ways, col, shape, dtype, bufs[j][lo:hi]):
                     return False
-                ways.record(copy, thread_time() - t0, hi - lo)
                 continue
             if kind == "list":
                 for x in col:
