@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = ["count"]
 
-_OLDEST = 2   # gc's generations are 0, 1 and 2
+_OLDEST = len(gc.get_threshold()) - 1   # the generations are numbered from 0
 _count = 0
 _installed = False
 _lock = threading.Lock()
