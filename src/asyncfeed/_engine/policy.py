@@ -208,9 +208,10 @@ class _Replay(SearchBounds):
         self.moved = False             # the current phase moved the choice
         self.rival: Candidate | None = None
         self.soloing = False
-        self.serialised_start = False  # the start's threads ran the rows one at a time
-        self.processes_first = False   # ... so processes were dueled first
-        self.inline_before_threads = False  # ... and inline before the thread ladder
+        # the start's threads ran the rows one at a time, so processes were dueled
+        # first, and inline before the thread ladder
+        self.processes_first = False
+        self.inline_before_threads = False
         self.processes_before_up = False  # processes came before the climb (step 3)
         self.processes_before_down = False  # the start's threads fell short of scaling
         # the thread choice that processes were dueled against before the climb (step
@@ -439,12 +440,12 @@ class _Replay(SearchBounds):
         the rows one at a time (:meth:`_serialised`), inline comes before the thread
         ladder, and processes before both where they could win; open the first of
         them now (see the module docstring).  True where the order changed."""
-        if self.phases[:1] != ["bottom"] or self.single_step or self.serialised_start \
+        if self.phases[:1] != ["bottom"] or self.single_step or self.processes_first \
+                or self.inline_before_threads \
                 or self.theirs or len(self.mine) != 1 or self.choice != self.space.start \
                 or self.choice.mode is not Mode.THREADS or self.choice.count < 2 \
                 or not self._serialised(self.mine):
             return False
-        self.serialised_start = True
         # fewer threads run the rows one at a time too, so they can only tie the
         # start; inline, cheaper than any, pays no hand-off: where it stays, no
         # thread count can beat it by the margin, and the ladder is not walked
