@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .._memory.layout import _PY_SCALARS, Layout, _Leaf
-from .duel import spread
+from .duel import PolicyConfig, spread
 
 __all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "FlatWriter", "StackWays", "write_one"]
 
@@ -36,6 +36,8 @@ HOLD_GIL_BYTES = 1 << 19
 #: once; smaller arrays are copied one by one holding it (cheaper than wrapping each
 #: in a tensor).  Tensor leaves are stacked at any size.
 BULK_ROW_BYTES = 1 << 15
+#: the rounds a leaf's stacking ways are judged in (:class:`StackWays`): the duel's
+_RUNS = PolicyConfig()
 
 
 class StackWays:
@@ -55,11 +57,17 @@ class StackWays:
     the writing thread's CPU seconds a row (``time.thread_time``: a run the
     thread waited through, for the GIL or a core, reads what its work cost),
     and each way's first run is left out (it pays for first touches the later
-    ones do not).  Once each way has two more, the way whose median reads
-    cheaper by more than the spread between like runs (:func:`.duel.spread`, of
-    either way) is kept; where neither leads by that much the check way stays,
-    which writes no bytes twice.  Two runs a way are the fewest that measure a
-    spread, so the choice costs a leaf three runs each way.
+    ones do not).  The runs are judged in rounds, as a close duel of executions
+    is (``PolicyConfig.like_windows`` runs a way in the first round, twice as
+    many in all after each further one, up to ``PolicyConfig.max_rounds``): the
+    way whose median reads cheaper by more than the spread between like runs
+    (:func:`.duel.spread`, of either way) is kept; where neither leads by that
+    much the runs go on to the next round, and after the last the check way
+    stays, which writes no bytes twice.  A leaf's first runs after a start
+    still pay for the allocator's first touches, the copy way's most (it
+    allocates a run's bytes), so a round that only saw those is not the last
+    word; while the ways alternate either writes the same bytes, so measuring
+    on costs only the two clock readings a run.
 
     The batch's bytes are the same either way (a run with a narrower row, which
     the check way declines, is then written row by row, as the copy way promotes
@@ -71,6 +79,7 @@ class StackWays:
         self.check: list[float] = []
         self.copy: list[float] = []
         self._runs = {False: 0, True: 0}   # runs recorded each way, the cold one too
+        self._round = 0
         self.kept: bool | None = None   # True: copy, False: check, None: measuring
 
     def next(self) -> bool:
@@ -88,10 +97,17 @@ class StackWays:
         if self._runs[copy] == 1:
             return
         (self.copy if copy else self.check).append(seconds / rows)
-        if len(self.check) >= 2 and len(self.copy) >= 2:
-            margin = max(spread(self.check), spread(self.copy))
-            self.kept = statistics.median(self.check) > \
-                statistics.median(self.copy) * (1 + margin)
+        want = _RUNS.like_windows << self._round
+        if len(self.check) < want or len(self.copy) < want:
+            return
+        margin = max(spread(self.check), spread(self.copy))
+        check, copied = statistics.median(self.check), statistics.median(self.copy)
+        if check > copied * (1 + margin):
+            self.kept = True
+        elif copied > check * (1 + margin) or self._round + 1 >= _RUNS.max_rounds:
+            self.kept = False
+        else:
+            self._round += 1
 
 
 def _stack_measured(ways: StackWays, col: Any, shape: Any, dtype: Any, out: Any) -> bool:
@@ -215,7 +231,7 @@ class FlatWriter:
         """Write ``samples[lo:hi]`` into rows ``lo..hi``, one leaf at a time: each
         leaf's values are checked for the whole run first, scalars go in with one
         NumPy assignment.  With ``bulk``, array leaves of at least
-        ``BULK_ROW_BYTES`` a row, and leaves that are tensors in every row, go in
+        ``BULK_ROW_BYTES`` a row, and leaves whose first row is a tensor, go in
         with one ``torch.stack`` (one release of the
         GIL for the whole copy), else row by row (:func:`_copy_row`).  For samples
         ``__getitem__`` returned (never a view of the batch's own buffers).  May
@@ -224,9 +240,13 @@ class FlatWriter:
         rows = samples[lo:hi]
         if self.single:
             columns: Any = (rows,)
-        elif self.keys is None and set(map(type, rows)) == {self.container} \
-                and set(map(len, rows)) == {self.k}:
-            columns = zip(*rows)  # tuples or lists: the rows are their leaves
+        elif self.keys is None and set(map(type, rows)) == {self.container}:
+            try:  # tuples or lists: the rows are their leaves
+                columns = list(zip(*rows, strict=True))
+            except ValueError:
+                return False  # rows of unequal lengths
+            if len(columns) != self.k:
+                return False
         else:
             flat = [self._leaves(s) for s in rows]
             if any(leaves is None for leaves in flat):
@@ -235,7 +255,7 @@ class FlatWriter:
         for (j, kind, shape, dtype, nbytes), ways, col in zip(self.specs, self.ways, columns):
             v = views[j]
             if bulk and v is not None and kind != "scalar" and kind != "list" \
-                    and set(map(type, col)) == {torch.Tensor}:
+                    and type(col[0]) is torch.Tensor:
                 if not _stack_measured(ways, col, shape, dtype, bufs[j][lo:hi]):
                     return False
                 continue
@@ -298,12 +318,12 @@ def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tens
     rest by ``torch.stack``, which refuses rows of unequal shape.  The rows'
     dtypes are read the ``copy`` way or the check way (:class:`StackWays`).
     False (the caller writes the rows again row by row) for a run it cannot
-    write so: another shape or dtype, a tensor that needs grad or lives on
-    another device."""
+    write so: a row that is no plain tensor, another shape or dtype, a tensor
+    that needs grad or lives on another device."""
     if col[0].shape != shape:
         return False
     if not copy:
-        if {x.dtype for x in col} != {dtype}:
+        if set(map(type, col)) != {torch.Tensor} or {x.dtype for x in col} != {dtype}:
             return False
         try:
             torch.stack(col, out=out)
@@ -314,7 +334,10 @@ def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tens
         stacked = torch.stack(col)
     except (RuntimeError, TypeError):
         return False
-    if stacked.dtype != dtype or stacked.requires_grad or stacked.device != out.device:
+    # one look at the stack stands for a look at each row: a row of a tensor
+    # subclass makes the stack that subclass, one that needs grad makes it need it
+    if type(stacked) is not torch.Tensor or stacked.dtype != dtype \
+            or stacked.requires_grad or stacked.device != out.device:
         return False
     out.copy_(stacked)
     return True
