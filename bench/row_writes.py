@@ -20,7 +20,7 @@ Nothing here runs a loader: these are the per-row costs the loader's own figures
 
 ``--stack``: instead, what the two ways ``rowwrite.StackWays`` measures on a tensor
 leaf's runs cost, for runs of ``float32`` tensor rows of three sizes: reading every
-row's dtype in Python, against what stacking into a new tensor and copying it into
+row's type and dtype in Python, against what stacking into a new tensor and copying it into
 the buffers costs beyond stacking straight into them (``out=``), per run.
 
     PYTHONPATH=src python bench/row_writes.py --stack
@@ -68,12 +68,12 @@ def _alternated(steps: dict[str, Callable[[], Any]], rounds: int) -> dict[str, l
 def _stack_costs(rounds: int) -> None:
     """The ``--stack`` figures (see the module docstring)."""
     print(f"a run of float32 tensor rows, {rounds} rounds, medians: reading the rows' "
-          "dtypes, against the stack-then-copy's cost beyond stack(out=)")
+          "types and dtypes, against the stack-then-copy's cost beyond stack(out=)")
     for shape, n in (((64,), 256), ((3, 32, 32), 128), ((3, 224, 224), 32)):
         col = [torch.randn(shape) for _ in range(n)]
         out = torch.empty((n, *shape))
         steps: dict[str, Callable[[], Any]] = {
-            "dtypes": lambda: {x.dtype for x in col},
+            "dtypes": lambda: (set(map(type, col)), {x.dtype for x in col}),
             "out": lambda: torch.stack(col, out=out),
             "copy": lambda: out.copy_(torch.stack(col)),
         }
