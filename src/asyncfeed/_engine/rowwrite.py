@@ -226,6 +226,22 @@ class FlatWriter:
                 return False
         return True
 
+    def _columns(self, rows: list[Any]) -> Any:
+        """The leaves of ``rows``, one column a leaf in the layout's order; None where
+        a row is not of the layout's container or number of leaves."""
+        if self.single:
+            return (rows,)
+        if self.keys is None and set(map(type, rows)) == {self.container}:
+            try:  # tuples or lists: the rows are their leaves
+                columns = list(zip(*rows, strict=True))
+            except ValueError:
+                return None  # rows of unequal lengths
+            return columns if len(columns) == self.k else None
+        flat = [self._leaves(s) for s in rows]
+        if any(leaves is None for leaves in flat):
+            return None
+        return zip(*flat)
+
     def write_rows(self, bufs: list[Any], views: list[Any], lo: int, hi: int,
                    samples: list[Any], bulk: bool = False) -> bool:
         """Write ``samples[lo:hi]`` into rows ``lo..hi``, one leaf at a time: each
@@ -237,21 +253,9 @@ class FlatWriter:
         ``__getitem__`` returned (never a view of the batch's own buffers).  May
         raise what a NumPy assignment raises (an int too large for int64): the
         caller then writes row by row."""
-        rows = samples[lo:hi]
-        if self.single:
-            columns: Any = (rows,)
-        elif self.keys is None and set(map(type, rows)) == {self.container}:
-            try:  # tuples or lists: the rows are their leaves
-                columns = list(zip(*rows, strict=True))
-            except ValueError:
-                return False  # rows of unequal lengths
-            if len(columns) != self.k:
-                return False
-        else:
-            flat = [self._leaves(s) for s in rows]
-            if any(leaves is None for leaves in flat):
-                return False
-            columns = zip(*flat)
+        columns = self._columns(samples[lo:hi])
+        if columns is None:
+            return False
         for (j, kind, shape, dtype, nbytes), ways, col in zip(self.specs, self.ways, columns):
             v = views[j]
             if bulk and v is not None and kind != "scalar" and kind != "list" \
