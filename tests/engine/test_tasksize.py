@@ -108,11 +108,19 @@ def test_batches_match_dataloader_whatever_runs(ds, threads):
     assert_parity(ds, batch_size=16, shuffle=True, num_threads=threads)
 
 
-def test_candidates_switched_mid_pass_keep_batches_identical():
+def _collate_by_hand(batch):
+    return torch.utils.data.default_collate(batch)
+
+
+@pytest.mark.parametrize("collate", [None, _collate_by_hand], ids=["rows", "collate_fn"])
+def test_candidates_switched_mid_pass_keep_batches_identical(collate):
     """Inline, threads of every count and worker processes applied by hand while
-    batches are in flight (each switch mid-batch): the batches are DataLoader's."""
+    batches are in flight (each switch mid-batch), or between batches the
+    consumer loaded itself inline (nothing planned ahead then): the batches are
+    DataLoader's, written into rows or collated by a ``collate_fn``."""
     ds = TinyNumpy(600)
-    loader_kw = dict(batch_size=8, shuffle=True)
+    loader_kw = dict(batch_size=8, shuffle=True,
+                     **({"collate_fn": collate} if collate is not None else {}))
     want = list(torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3),
                                             **loader_kw))
     order = [INLINE, threads(1), processes(2), threads(3), INLINE, processes(2), threads(2)]

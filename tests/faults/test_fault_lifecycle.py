@@ -129,7 +129,9 @@ def test_a_closed_pass_still_referenced_keeps_none_of_its_batches(execution):
     p = it._p  # type: ignore[attr-defined]
     with p.cond:
         pending = list(p._tracked.values()) + list(p.ready.values())
-    assert pending  # prefetch: later batches are planned
+    # prefetch: later batches are planned, but for inline rows (the consumer loads
+    # each batch when it asks for it, as num_workers=0 does)
+    assert bool(pending) is (execution != "inline")
     bufs = [weakref.ref(t) for b in pending for t in (b.bufs or ())
             if isinstance(t, torch.Tensor)]
     del pending

@@ -243,19 +243,23 @@ class Pipeline(BatchHandoff):
             return BatchMode.RING
         return BatchMode.COLLATE
 
+    def _ring_setup(self, b: Batch) -> None:
+        """A ring batch's layout, and its slot where batches are copied to a device
+        (consumer thread); host buffers are taken when its first row is written
+        (``SampleRows.buffers``)."""
+        b.layout = self.layouts.layout
+        assert b.layout is not None  # a ring batch's layout is known
+        ring = self.memory.ring(b.layout, b.n) if self.copy is not None else None
+        if ring is not None:
+            b.slot = ring.acquire()
+            b.bufs = b.slot.bufs
+            b.views = b.layout.numpy_views(b.bufs)
+
     def _submit(self, b: Batch) -> None:
         """Track ``b`` and start it on its first stage: the fetch stage, the
         dataset's ``__getitems__``, or the rows executor."""
         if b.mode is BatchMode.RING:
-            b.layout = self.layouts.layout
-            assert b.layout is not None  # a ring batch's layout is known
-            ring = self.memory.ring(b.layout, b.n) if self.copy is not None else None
-            if ring is not None:
-                b.slot = ring.acquire()
-                b.bufs = b.slot.bufs
-                b.views = b.layout.numpy_views(b.bufs)
-            # else host buffers are taken when the batch's first row is written
-            # (SampleRows.buffers)
+            self._ring_setup(b)
         with self.cond:
             self._tracked[b.k] = b
         if b.n == 0:
@@ -450,11 +454,10 @@ class Pipeline(BatchHandoff):
     # ------------------------------------------- inline: the consumer's own batch
     def _direct(self) -> bool:
         """Whether the consumer loads each batch itself when it asks for it (see
-        :meth:`wait`): rows run inline, the batches are collated, and their rows
-        are read in this process by ``__getitem__`` (no fetch stage, no
-        ``__getitems__``, no process stage)."""
+        :meth:`wait`): rows run inline and are read in this process by
+        ``__getitem__`` (no fetch stage, no ``__getitems__``, no process stage)."""
         return self.inline and self.stage is None and self.fetching is None \
-            and self._getitems is None and self._mode_for() is BatchMode.COLLATE
+            and self._getitems is None
 
     def wait(self, k: int | None, timeout: float | None) -> Batch | None:
         """As ``BatchHandoff.wait``.  Where the consumer loads the batches itself
@@ -466,6 +469,9 @@ class Pipeline(BatchHandoff):
         started still finishes)."""
         if self.submitted != self.taken or self.exhausted or self.stopping \
                 or not self._direct():
+            # the execution may have left inline since the consumer's last batch
+            # (nothing is planned ahead while it loads them itself): plan now
+            self.top_up()
             return super().wait(k, timeout)
         self.waiting_since = time.perf_counter()
         try:
@@ -485,6 +491,8 @@ class Pipeline(BatchHandoff):
         b = self._plan_next()
         if b is None:  # the plan's end, or a sampler's error (a ready batch)
             return super().wait(k, timeout)
+        if b.mode is BatchMode.RING:
+            self._ring_setup(b)
         if b.n:
             done, cpu = rowtasks.load_rows(self, b, 0, b.n)
             with self.cond:
