@@ -36,7 +36,8 @@ HOLD_GIL_BYTES = 1 << 19
 #: once; smaller arrays are copied one by one holding it (cheaper than wrapping each
 #: in a tensor).  Tensor leaves are stacked at any size.
 BULK_ROW_BYTES = 1 << 15
-#: the rounds a leaf's stacking ways are judged in (:class:`StackWays`): the duel's
+#: the duel's parameters: their ``like_windows`` and ``max_rounds`` set the rounds a
+#: leaf's stacking ways are judged in (:class:`StackWays`), as a close duel's are
 _RUNS = PolicyConfig()
 
 
