@@ -469,9 +469,10 @@ class Pipeline(BatchHandoff):
         started still finishes)."""
         if self.submitted != self.taken or self.exhausted or self.stopping \
                 or not self._direct():
-            # the execution may have left inline since the consumer's last batch
-            # (nothing is planned ahead while it loads them itself): plan now
-            self.top_up()
+            if self.submitted == self.taken:
+                # the execution left inline since the consumer's last batch (nothing
+                # is planned ahead while it loads them itself): plan now
+                self.top_up()
             return super().wait(k, timeout)
         self.waiting_since = time.perf_counter()
         try:
