@@ -138,7 +138,10 @@ def hopeless(choice: list[Window], rival: list[Window], config: PolicyConfig) ->
     """Whether the rival's one window read below every window of the choice (a
     round's worth of them) by more than their spread (at least ``min_margin``): it
     cannot win, and the duel ends without its second window (a slow candidate's
-    windows are what exploring costs)."""
+    windows are what exploring costs).  The policy asks it of a dearer rival only:
+    ending early then keeps the cheaper choice, as more windows would; a cheaper
+    rival must be beaten by the spread of its own windows too, which one window
+    does not show."""
     if len(rival) != 1 or len(choice) < config.like_windows:
         return False
     mine = [w.rate for w in choice]
