@@ -435,25 +435,23 @@ def test_an_open_bottom_duels_slow_window_does_not_skip_processes_by_its_margin(
     assert d.processes_before_down and not d.settled, d
 
 
-def test_one_threads_window_that_waited_does_not_bound_processes_alone():
-    """Recorded windows (the same PNG rows, 2 cores): one thread's first window was
-    read while the pass's first rows ran (its rows took 0.78 of a core, the process
-    0.83: it waited, as no worker would).  Processes' bound from that window alone
-    (1.96 cores x 1,217 rows/s) is within the margin of two threads' 2,520, where
-    runs beside it on two workers read 3,500-4,600.  The bottom duel's second
-    window of one thread reads at a core's speed (its rows a core busy); the bound
-    takes the fastest, leaves processes room, and they are dueled."""
+def test_one_threads_only_window_that_waited_does_not_bound_processes_alone():
+    """A recorded run (the same PNG rows, 2 cores): one thread lost the bottom duel
+    after one window, read while the pass's first rows ran (its rows took 0.78 of a
+    core, the process 0.83: it waited, as no worker would), and four threads lost.
+    Processes' bound from that window (1.96 cores x 1,217 rows/s) was within the
+    margin of two threads' 2,520, and they were skipped; the pass ran two threads
+    at 2,300-2,400 rows/s where runs beside it on two workers read 3,500-4,600.
+    One more window of one thread is read first; one at a core's speed (its rows a
+    core busy) leaves processes room, and they are dueled."""
     sp, rec = recorded_on_2_cores([
         (2, 45, 0.02031, 0.02031, 0.03016, 0.02987), (1, 30, 0.02465, 0.02024, 0.01919, 0.02045),
-        (2, 57, 0.02474, 0.02449, 0.03570, 0.03629)])
+        (2, 57, 0.02474, 0.02449, 0.03570, 0.03629), (2, 52, 0.02021, 0.01949, 0.02768, 0.02879),
+        (4, 58, 0.02527, 0.02252, 0.03408, 0.03266), (2, 50, 0.02027, 0.01968, 0.02769, 0.02857)])
     d = decide(rec, sp)
-    assert d.run == threads(1) and not d.duels, d  # one window decides nothing
-    rec.windows += [Window(threads(1), 40, 0.02500, 0.02400, 0.02450, 0.02500)] + [
-        Window(threads(n), rows, secs, waited, cpu, whole) for n, rows, secs, waited, cpu, whole in
-        [(2, 52, 0.02021, 0.01949, 0.02768, 0.02879), (4, 58, 0.02527, 0.02252, 0.03408, 0.03266),
-         (2, 50, 0.02027, 0.01968, 0.02769, 0.02857)]]
+    assert d.run == threads(1) and d.processes_skipped is None and not d.settled, d
+    rec.windows.append(Window(threads(1), 40, 0.02500, 0.02400, 0.02450, 0.02500))
     d = decide(rec, sp)
-    assert d.choice == threads(2) and [u.winner for u in d.duels] == [threads(2)] * 2, d
     assert d.run == processes(2) and d.processes_skipped is None, d
 
 
@@ -929,7 +927,7 @@ def test_a_lead_of_less_than_two_margins_must_hold_over_another_round():
     duel goes on; over the next rounds they read level, and two threads stay."""
     sp = space(2, pool=4, inline=False)  # the thread duels alone
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1080.0, 1080.0, 1000.0]}
-    d = _scripted(sp, script, 8)  # the bottom duel, then one round of 2 against 4
+    d = _scripted(sp, script, 7)  # the bottom duel, then one round of 2 against 4
     assert not d.settled and d.choice == threads(2) and d.rival == threads(4), d
     assert d.window_scale == 2  # the second round's windows last twice as long
     d = _scripted(sp, script, 40)
@@ -942,7 +940,7 @@ def test_a_lead_inside_the_margin_is_not_measured_again():
     after one round of the duel, not after three."""
     sp = space(2, pool=4, inline=False)  # the thread duels alone
     script = {threads(1): [500.0], threads(2): [1000.0], threads(4): [1030.0]}
-    d = _scripted(sp, script, 8)  # the bottom duel, then one round of 2 against 4
+    d = _scripted(sp, script, 7)  # the bottom duel, then one round of 2 against 4
     assert d.settled and d.choice == threads(2) and d.reason is Reason.CHEAPER, d
 
 
@@ -1792,30 +1790,48 @@ def test_a_dearer_rivals_window_far_below_the_choice_ends_its_duel_at_once():
     assert sum(w.candidate == threads(4) for w in rec.windows) == 1
 
 
-@pytest.mark.parametrize("cheap", [INLINE, threads(1)], ids=["inline", "one-thread"])
-def test_a_cheaper_rivals_one_slow_window_decides_nothing(cheap):
-    """A cheaper rival's first window far below the choice's (another process's
-    burst) does not hand the dearer choice the duel: one window shows no spread of
-    its own.  The rival runs on, and where its windows then read level with the
-    choice's, it stays."""
-    sp = space(2)
-    if cheap == INLINE:  # processes won; inline, the cheapest, is dueled last
+def _cheaper_rival_after(cheap: Candidate, slow: float) -> tuple[Space, Record]:
+    """A duel whose cheaper rival ``cheap`` read one window of ``slow`` rows:
+    inline, dueled last, against processes (175 and 192 rows); or one thread in
+    the bottom duel, against two threads (100 and 90)."""
+    if cheap == INLINE:
         windows = [Window(c, 100, 0.1, 0.1) for c in (threads(2), threads(1)) * 2] \
-            + [Window(processes(2), 190, 0.1, 0.1), Window(processes(2), 192, 0.1, 0.1),
-               Window(INLINE, 101, 0.1, 0.1)]
-        level = {processes(2): 191, INLINE: 191}
-    else:  # the bottom duel: two threads, then one thread's slow first window
-        windows = [Window(threads(2), 100, 0.1, 0.1), Window(threads(1), 40, 0.1, 0.1),
-                   Window(threads(2), 101, 0.1, 0.1)]
-        level = {threads(2): 100, threads(1): 100, processes(2): 100, INLINE: 100}
-    rec = Record(windows)
+            + [Window(processes(2), 175, 0.1, 0.1), Window(processes(2), 192, 0.1, 0.1),
+               Window(INLINE, slow, 0.1, 0.1)]
+    else:
+        windows = [Window(threads(2), 100, 0.1, 0.1), Window(threads(1), slow, 0.1, 0.1),
+                   Window(threads(2), 90, 0.1, 0.1)]
+    return space(2), Record(windows)
+
+
+@pytest.mark.parametrize("cheap,slow,level", [(INLINE, 150, 183), (threads(1), 80, 95)],
+                         ids=["inline", "one-thread"])
+def test_a_cheaper_rivals_one_slow_window_decides_nothing(cheap, slow, level):
+    """A cheaper rival's first window below every window of the dearer choice by
+    more than their spread, but by less than twice it (another process's burst),
+    does not hand the choice the duel: one window shows no spread of its own.  The
+    rival runs on, and where its windows then read level, it stays."""
+    sp, rec = _cheaper_rival_after(cheap, slow)
     d = decide(rec, sp)
     assert not d.settled and d.run == cheap, d
     while not d.settled:
-        rec.windows.append(Window(d.run, level[d.run], 0.1, 0.1))
+        rec.windows.append(Window(d.run, level, 0.1, 0.1))
         d = decide(rec, sp)
     duel = next(u for u in d.duels if u.cheap == cheap)
     assert duel.winner == cheap and d.choice != duel.dear, d
+
+
+@pytest.mark.parametrize("cheap,slow", [(INLINE, 120), (threads(1), 60)],
+                         ids=["inline", "one-thread"])
+def test_a_cheaper_rivals_window_beyond_twice_the_spread_below_ends_its_duel(cheap, slow):
+    """The same duels where the cheaper rival's window reads below the choice's by
+    more than twice their spread (the lead that decides a duel in one round): it
+    loses without its second window."""
+    sp, rec = _cheaper_rival_after(cheap, slow)
+    d = decide(rec, sp)
+    duel = next(u for u in d.duels if u.cheap == cheap)
+    assert duel.winner == duel.dear and d.run != cheap, d
+    assert sum(w.candidate == cheap for w in rec.windows[-3:]) == 1
 
 
 def test_a_first_processes_window_far_below_the_threads_does_not_end_its_duel():

@@ -134,18 +134,23 @@ def unsure(duel: Duel, config: PolicyConfig) -> bool:
         and duel.dear_rate <= duel.cheap_rate * (1 + 2 * duel.margin)
 
 
-def hopeless(choice: list[Window], rival: list[Window], config: PolicyConfig) -> bool:
+def hopeless(choice: list[Window], rival: list[Window], config: PolicyConfig,
+             cheaper: bool = False) -> bool:
     """Whether the rival's one window read below every window of the choice (a
-    round's worth of them) by more than their spread (at least ``min_margin``): it
-    cannot win, and the duel ends without its second window (a slow candidate's
-    windows are what exploring costs).  The policy asks it of a dearer rival only:
-    ending early then keeps the cheaper choice, as more windows would; a cheaper
-    rival must be beaten by the spread of its own windows too, which one window
-    does not show."""
+    round's worth of them) by more than their spread (at least ``min_margin``), or,
+    for a rival ``cheaper`` than the choice, by more than twice that: it cannot
+    win, and the duel ends without its second window (a slow candidate's windows
+    are what exploring costs).  Ending a dearer rival's duel early keeps the
+    cheaper choice, as more windows would; ending a cheaper rival's hands the
+    dearer the win, which its median must earn by the spread of the cheaper
+    side's windows too, and one window shows none.  So the cheaper rival's one
+    window must read beyond the lead that decides a duel in one round (twice the
+    margin: see :func:`unsure`)."""
     if len(rival) != 1 or len(choice) < config.like_windows:
         return False
     mine = [w.rate for w in choice]
-    return rival[0].rate * (1 + max(config.min_margin, spread(mine))) < min(mine)
+    lead = max(config.min_margin, spread(mine)) * (2 if cheaper else 1)
+    return rival[0].rate * (1 + lead) < min(mine)
 
 
 def clear_lead(choice: list[Window], rival: list[Window], config: PolicyConfig) -> bool:

@@ -34,9 +34,10 @@ window twice as long as the last round's (the noise of a machine's scheduler
 averages out over a window's length, as it does not over more windows); a dearer
 rival whose first window reads below every window of the choice by more than their
 spread loses at once (unless it is processes, which may still be starting): the
-cheaper choice stays, as it would after more windows.  A cheaper rival gets its
-round whatever its first window reads: one window shows no spread of its own, and
-one slow window (another process's burst) would hand the dearer the win.  A
+cheaper choice stays, as it would after more windows.  A cheaper rival loses on its
+first window only below twice that (the lead that decides a duel in one round):
+one window shows no spread of its own, and one slow window (another process's
+burst) would otherwise hand the dearer the win.  A
 cheaper side that keeps up with the consumer (its rate within the margin of
 the consumer's own pace) stays whatever the dearer reads: the consumer takes
 no more.  Signals (the GIL probe, a row's CPU time) explain the choice in
@@ -546,14 +547,13 @@ class _Replay(SearchBounds):
         self.phases.insert(self.phases.index("up"), "processes")
 
     def _hopeless(self) -> bool:
-        """The rival, the dearer, lost before its second window (``duel.hopeless``);
-        not for a rival that is processes, whose first windows may still be
-        starting up, nor for a cheaper rival, which the dearer must beat by the
-        spread of like windows (its own too) to win."""
+        """The rival lost before its second window (``duel.hopeless``, by twice the
+        lead where it is the cheaper); not for a rival that is processes, whose
+        first windows may still be starting up."""
         return self.round == 1 and self.rival is not None \
             and self.rival.mode is not Mode.PROCESSES \
-            and self.rival.cost > self.choice.cost \
-            and hopeless(self.mine, self.theirs, self.config)
+            and hopeless(self.mine, self.theirs, self.config,
+                         cheaper=self.rival.cost < self.choice.cost)
 
     def _clear_lead(self) -> bool:
         """The rival, the dearer, won a block duel before the choice's block was
