@@ -31,16 +31,12 @@ from one round is one difference between two windows, which one slow window
 sets alone, dragging its side's median too: ``duel.unsure``), the duel goes on
 for another round, judged on all its windows (up to ``max_rounds``), each
 window twice as long as the last round's (the noise of a machine's scheduler
-averages out over a window's length, as it does not over more windows); a dearer
-rival whose first window reads below every window of the choice by more than their
-spread loses at once (unless it is processes, which may still be starting): the
-cheaper choice stays, as it would after more windows.  A cheaper rival loses on its
-first window only below twice that (the lead that decides a duel in one round):
-one window shows no spread of its own, and one slow window (another process's
-burst) would otherwise hand the dearer the win.  A
-cheaper side that keeps up with the consumer (its rate within the margin of
-the consumer's own pace) stays whatever the dearer reads: the consumer takes
-no more.  Signals (the GIL probe, a row's CPU time) explain the choice in
+averages out over a window's length, as it does not over more windows); a rival
+whose first window reads below every window of the choice by more than their
+spread (twice it for a cheaper rival: ``duel.hopeless``) loses at once, unless it
+is processes, which may still be starting.  A cheaper side that keeps up with the
+consumer (its rate within the margin of the consumer's own pace) stays whatever
+the dearer reads: the consumer takes no more.  Signals (the GIL probe, a row's CPU time) explain the choice in
 ``stats()``; they never decide.
 
 The search, replayed from the record by :func:`decide` (a pure function):
