@@ -12,9 +12,13 @@ DataLoader and says where the time goes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 
@@ -425,6 +429,26 @@ def _has_pss() -> bool:
     return has_pss()
 
 
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """While the command runs, ``kill`` (SIGTERM) ends it as Ctrl-C does: by an
+    exception, so the run under way is killed and the fork server, servers and
+    scratch folders are closed on the way out, where the default action would end
+    the process on the spot and leave them.  The handler before is restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum: int, frame: object) -> None:
+        sys.exit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
@@ -433,13 +457,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .. import __version__
         print(__version__)
         return 0
-    if args.command == "profile":
-        return run_profile(args)
-    if args.command != "bench":
-        parser.print_help()
-        return 2
-    args._argv = argv[argv.index("bench") + 1:] if "bench" in argv else []
-    return bench(args)
+    with _sigterm_exits():
+        if args.command == "profile":
+            return run_profile(args)
+        if args.command != "bench":
+            parser.print_help()
+            return 2
+        args._argv = argv[argv.index("bench") + 1:] if "bench" in argv else []
+        return bench(args)
 
 
 if __name__ == "__main__":

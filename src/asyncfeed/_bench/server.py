@@ -18,7 +18,12 @@ Protocol, one JSON object per line: the client writes a run spec to stdin; the
 server answers ``{"event": "started", "pid": N}`` and, once the child has exited,
 ``{"event": "done", "pid": N, "status": S}``; the child writes its figures (or
 its error) to ``spec["result_path"]``.  ``{"cmd": "exit"}`` or end of input stops
-the server.
+the server.  The client sends nothing while a run is under way, so input that
+arrives meanwhile (its end, where the client died or was killed) ends the run:
+its process group and every process below it are killed, and the run is reported
+done.  A run that stopped itself for a memory reading waits for the client to
+resume it, so a run left behind would otherwise wait forever, and the server
+with it.
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import select
+import signal
 import sys
 import traceback
+
+import psutil
 
 #: the modules whose ``execute(spec)`` a run may name as ``spec["entry"]`` (default ``child``)
 ENTRIES = ("child", "outcome_round")
@@ -66,6 +75,73 @@ def _child(spec: dict) -> None:
             os._exit(code)
 
 
+class _Input:
+    """The client's lines on a file descriptor, read unbuffered, so that what has
+    arrived (a line, or the end of input) is seen while a run is under way."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = b""
+        self._eof = False
+
+    def readline(self) -> bytes | None:
+        """The next line (without its newline), or None at the end of input."""
+        while b"\n" not in self._buf and not self._eof:
+            chunk = os.read(self.fd, 65536)
+            self._buf += chunk
+            self._eof = not chunk
+        if not self._buf:
+            return None
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def arrived(self) -> bool:
+        """Whether input is waiting to be read: a line, or the end of input."""
+        return bool(self._buf) or self._eof \
+            or bool(select.select([self.fd], [], [], 0)[0])
+
+
+def _kill_run(pid: int) -> None:
+    """Kill run ``pid``, its process group and every process below it (stopped ones
+    too: ``SIGKILL`` needs no resume)."""
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the run made itself a group leader
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in below:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _wait(pid: int, inp: _Input) -> int:
+    """Wait for run ``pid`` to end and return its wait status; where input arrives
+    first (the client went away, or asks to exit), kill the run (see the module
+    docstring) and return the status of its end."""
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux 5.3+: poll instead
+        pidfd = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            if inp.arrived():
+                _kill_run(pid)
+                return os.waitpid(pid, 0)[1]
+            select.select([inp.fd] + ([pidfd] if pidfd is not None else []), [], [],
+                          None if pidfd is not None else 0.1)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def serve() -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -81,7 +157,8 @@ def serve() -> None:
 
     from . import child, contenders, limit, outcome_round, workloads  # noqa: F401
     proto.write(json.dumps({"event": "ready", "pid": os.getpid()}) + "\n")
-    for line in sys.stdin:
+    inp = _Input(sys.stdin.fileno())
+    while (line := inp.readline()) is not None:
         line = line.strip()
         if not line:
             continue
@@ -93,9 +170,15 @@ def serve() -> None:
         if pid == 0:
             _child(spec)
         proto.write(json.dumps({"event": "started", "pid": pid}) + "\n")
-        _, status = os.waitpid(pid, 0)
-        proto.write(json.dumps({"event": "done", "pid": pid, "status": status}) + "\n")
-    proto.close()
+        status = _wait(pid, inp)
+        try:
+            proto.write(json.dumps({"event": "done", "pid": pid, "status": status}) + "\n")
+        except BrokenPipeError:  # the client is gone
+            break
+    try:
+        proto.close()
+    except BrokenPipeError:
+        pass
 
 
 if __name__ == "__main__":
