@@ -169,7 +169,12 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(spec)
-        proto.write(json.dumps({"event": "started", "pid": pid}) + "\n")
+        try:
+            proto.write(json.dumps({"event": "started", "pid": pid}) + "\n")
+        except BrokenPipeError:  # the client is gone: so goes its run
+            _kill_run(pid)
+            os.waitpid(pid, 0)
+            break
         status = _wait(pid, inp)
         try:
             proto.write(json.dumps({"event": "done", "pid": pid, "status": status}) + "\n")

@@ -35,9 +35,9 @@ averages out over a window's length, as it does not over more windows); a rival
 whose first window reads below every window of the choice by more than their
 spread (twice it for a cheaper rival: ``duel.hopeless``) loses at once, unless it
 is processes, which may still be starting.  A cheaper side that keeps up with the
-consumer (its rate within the margin of the consumer's own pace) stays whatever
-the dearer reads: the consumer takes no more.  Signals (the GIL probe, a row's CPU time) explain the choice in
-``stats()``; they never decide.
+consumer (its rate within the margin of the consumer's pace) stays whatever the
+dearer reads: the consumer takes no more.  Signals (the GIL probe, a row's CPU
+time) explain the choice in ``stats()``; they never decide.
 
 The search, replayed from the record by :func:`decide` (a pure function):
 
