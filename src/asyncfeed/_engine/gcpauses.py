@@ -5,8 +5,12 @@ as it walks the heap: about 85 ms over the 176k objects ``import torch`` leaves
 tracked, on one core here (``gc.get_objects()``; a ``DataLoader(num_workers=0)``
 epoch of ``TensorDataset`` rows ran one or two of them).  It lands in whichever
 window of the execution choice happens to be open, and reads as that candidate's
-slowness, though any candidate pays it alike; :class:`.chooser.Chooser` reads a
-window that saw one again (see there).
+slowness, though the candidates that run the rows in this process (inline,
+threads) pay it alike; :class:`.chooser.Chooser` reads a window that saw one
+again (see there).  Worker processes make the rows' objects in their own
+processes, so this process collects far less under them: reading the window
+again leaves that out of their duel with inline or threads (see
+``docs/architecture.md``).
 
 :func:`count` installs one ``gc.callbacks`` entry the first time it is called and
 keeps it for the life of the process (a counter, no references held).
