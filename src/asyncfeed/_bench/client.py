@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import IO
 import psutil
 
 from .measure import TreeSampler
+from .server import kill_run
 
 
 def _cpu_of(pids: list[int] | None) -> float:
@@ -103,12 +103,12 @@ class RunServer:
                     done = self._read(max(0.1, deadline - time.monotonic()))
                 except TimeoutError:
                     timed_out = True
-                    self._kill_tree(pid)
+                    kill_run(pid)
                     done = self._read(30)
         except BaseException:
             # interrupted (Ctrl-C, SIGTERM turned into SystemExit): the run goes too,
             # and the sampler's thread is stopped below, or the interpreter waits on it
-            self._kill_tree(pid)
+            kill_run(pid)
             raise
         finally:
             memory = sampler.stop()
@@ -148,19 +148,6 @@ class RunServer:
             return data[-limit:].decode(errors="replace")
         except OSError:
             return ""
-
-    @staticmethod
-    def _kill_tree(pid: int) -> None:
-        try:
-            root = psutil.Process(pid)
-            procs = root.children(recursive=True) + [root]
-        except psutil.NoSuchProcess:
-            return
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
 
     def close(self) -> None:
         """End the server (idempotent)."""

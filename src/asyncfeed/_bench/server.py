@@ -101,18 +101,20 @@ class _Input:
             or bool(select.select([self.fd], [], [], 0)[0])
 
 
-def _kill_run(pid: int) -> None:
+def kill_run(pid: int) -> None:
     """Kill run ``pid``, its process group and every process below it (stopped ones
-    too: ``SIGKILL`` needs no resume)."""
+    too: ``SIGKILL`` needs no resume): the server's end of a run its client left,
+    and the client's end of a run that timed out or was interrupted."""
     try:
-        below = psutil.Process(pid).children(recursive=True)
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        below = []
+        procs = []
     try:
         os.killpg(pid, signal.SIGKILL)  # the run made itself a group leader
     except (ProcessLookupError, PermissionError):
-        pass
-    for p in below:
+        pass  # not yet, or gone: the run itself is killed below
+    for p in procs:
         try:
             p.kill()
         except psutil.NoSuchProcess:
@@ -133,7 +135,7 @@ def _wait(pid: int, inp: _Input) -> int:
             if done:
                 return status
             if inp.arrived():
-                _kill_run(pid)
+                kill_run(pid)
                 return os.waitpid(pid, 0)[1]
             select.select([inp.fd] + ([pidfd] if pidfd is not None else []), [], [],
                           None if pidfd is not None else 0.1)
@@ -172,7 +174,7 @@ def serve() -> None:
         try:
             proto.write(json.dumps({"event": "started", "pid": pid}) + "\n")
         except BrokenPipeError:  # the client is gone: so goes its run
-            _kill_run(pid)
+            kill_run(pid)
             os.waitpid(pid, 0)
             break
         status = _wait(pid, inp)
