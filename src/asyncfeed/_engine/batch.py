@@ -40,9 +40,10 @@ class _Marker:
         return self._name
 
 
-#: what ``Batch.samples`` holds for a row a worker process wrote into the batch's
-#: shared-memory buffers itself (its sample never came to this process): read back
-#: from the row (:func:`~.samples.restored`) when the batch must be collated after all
+#: what ``Batch.samples`` holds for a ring row written into the batch's buffers and
+#: let go of (by this process, or by a worker process into shared memory, its
+#: sample never coming here): read back from the row (:func:`~.samples.restored`)
+#: when the batch must be collated after all
 WRITTEN: Any = _Marker("WRITTEN")
 
 #: the ``raw`` of a sample that was not fetched on the event loop: the decode

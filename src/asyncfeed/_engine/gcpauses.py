@@ -1,4 +1,5 @@
-"""The interpreter's collections of its oldest generation, counted.
+"""The interpreter's garbage collections: the oldest generation's counted, and the
+rows a thread may hold before it writes them.
 
 A full collection stops every thread of the process that runs Python for as long
 as it walks the heap: about 85 ms over the 176k objects ``import torch`` leaves
@@ -14,6 +15,17 @@ again leaves that out of their duel with inline or threads (see
 
 :func:`count` installs one ``gc.callbacks`` entry the first time it is called and
 keeps it for the life of the process (a counter, no references held).
+
+:func:`rows_held` bounds the rows a row task loads before it writes them into the
+batch's buffers and lets go of them.  Every object of a type the collector tracks
+adds one to the young generation's count while it lives; past the threshold
+(``gc.get_threshold()[0]``) a young collection runs, and the objects alive then
+move to an older generation, and from there, over many collections, to the
+oldest, whose growth triggers the full collections above.  A batch of 256
+``TensorDataset`` rows held until one write holds 768 such objects against the
+threshold of 700: a young collection every batch, and two full collections an
+epoch (``tests/engine/test_gcpauses.py`` counts them).  Written in runs of fewer
+rows, what a run holds dies before the count reaches the threshold.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ import gc
 import threading
 from typing import Any
 
-__all__ = ["count"]
+__all__ = ["count", "rows_held"]
 
 _OLDEST = len(gc.get_threshold()) - 1   # the generations are numbered from 0
 _count = 0
@@ -46,3 +58,18 @@ def count() -> int:
                 gc.callbacks.append(_callback)
                 _installed = True
     return _count
+
+
+def rows_held(objects_per_row: int, rows: int) -> int:
+    """How many of ``rows`` loaded rows, each with ``objects_per_row`` objects the
+    collector counts, a thread may hold before it writes them: what keeps them
+    within half the young generation's threshold (the other half is left for
+    what the process allocates meanwhile), at least one row, evened out over the
+    runs ``rows`` then takes; all of ``rows`` when automatic collection is off or
+    the rows hold no such object."""
+    young = gc.get_threshold()[0]
+    if rows <= 0 or objects_per_row <= 0 or young <= 0 or not gc.isenabled():
+        return rows
+    most = max(1, young // (2 * objects_per_row))
+    runs = -(-rows // most)
+    return -(-rows // runs)

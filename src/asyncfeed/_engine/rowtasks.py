@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from .accounting import ASSEMBLE, DECODE
-from .batch import NO_RAW, Batch, BatchMode
+from . import gcpauses
+from .batch import NO_RAW, WRITTEN, Batch, BatchMode
 from .samples import RowHost, write_run
 
 __all__ = ["load_rows", "run_rows", "run_sample"]
@@ -60,12 +61,13 @@ def load_rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float]:
 def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
     """The work of :func:`run_rows`: (rows gone through, wall s, thread CPU s).
 
-    With a plain ``__getitem__`` the rows are loaded first (the decode stage,
-    timed once for the run) and then written into the batch's buffers (the
-    assemble stage, see ``samples.write_run``): one clock reading per stage and
-    task, not per row.  Its locals (the samples, a failure's exception) die with
-    its frame, before the batch is reported done: the batch's buffers must not
-    outlive the batch."""
+    With a plain ``__getitem__`` the rows are loaded first (the decode stage)
+    and then written into the batch's buffers (the assemble stage, see
+    ``samples.write_run``), in runs short enough that the rows held between
+    the two do not set off a young collection (``gcpauses.rows_held``): one
+    clock reading per stage and run, not per row.  Its locals (the samples, a
+    failure's exception) die with its frame, before the batch is reported done:
+    the batch's buffers must not outlive the batch."""
     ring = b.mode is BatchMode.RING
     rows = p.rows
     caps = rows.caps
@@ -75,35 +77,57 @@ def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
         done = _loaded_rows(p, b, lo, hi, ring)
         t = acct.begin()
         return done, t[0] - t0[0], t[1] - t0[1]
-    get = rows.dataset.__getitem__
+    whole = ring and hi - lo == b.n  # else the thread that completes b writes its rows
+    step = gcpauses.rows_held(b.layout.gc_objects, hi - lo) \
+        if whole and b.layout is not None else hi - lo
+    t = t0
+    for start in range(lo, hi, step):
+        end = min(start + step, hi)
+        failed = _get_rows(p, b, start, end)
+        if failed is _STOPPED:
+            return start - lo, 0.0, 0.0
+        t = acct.end(DECODE, t, end - start - (len(failed) if failed is not None else 0))
+        if ring:
+            if b.mismatch:
+                pass  # collated anyway
+            elif not whole:
+                b.deferred = True  # the thread that completes b writes every row at once
+            else:  # in bulk, as its completing thread would (write_deferred)
+                write_run(rows, b, start, end, failed, bulk=True)
+                if not b.mismatch:  # the rows hold them now: let go of them
+                    b.samples[start:end] = [None if failed is not None and r in failed
+                                            else WRITTEN for r in range(start, end)]
+            t = acct.end(ASSEMBLE, t, 0)  # counted per batch, at its completion
+        elif not rows.layouts.decided:
+            for row in range(start, end):
+                if failed is None or row not in failed:
+                    rows.layouts.offer(b.samples[row])
+                    break
+    return hi - lo, t[0] - t0[0], t[1] - t0[1]
+
+
+_STOPPED: list[int] = []  # what _get_rows returns when the pass stopped meanwhile
+
+
+def _get_rows(p: RowHost, b: Batch, lo: int, hi: int) -> list[int] | None:
+    """``dataset[idx]`` for rows ``lo..hi`` of ``b``, kept in ``b.samples``; the
+    rows that failed (noted), None when none did, ``_STOPPED`` when the pass
+    stopped meanwhile."""
+    get = p.rows.dataset.__getitem__
     samples, indices = b.samples, b.indices
     failed: list[int] | None = None
     for row in range(lo, hi):
         if p.stopping:
-            return row - lo, 0.0, 0.0
+            return _STOPPED
         idx = indices[row]
         try:
             samples[row] = get(idx)
         except BaseException as e:  # noqa: BLE001 - travels to the consumer
-            rows.note_failure(b, row, idx, e)
+            p.rows.note_failure(b, row, idx, e)
             if failed is None:
                 failed = []
             failed.append(row)
-    t = acct.end(DECODE, t0, hi - lo - (len(failed) if failed is not None else 0))
-    if ring:
-        if b.mismatch:
-            pass  # collated anyway
-        elif hi - lo < b.n:
-            b.deferred = True  # the thread that completes b writes every row at once
-        else:  # the whole batch: in bulk, as its completing thread would (write_deferred)
-            write_run(rows, b, lo, hi, failed, bulk=True)
-        t = acct.end(ASSEMBLE, t, 0)  # counted per batch, at its completion
-    elif not rows.layouts.decided:
-        for row in range(lo, hi):
-            if failed is None or row not in failed:
-                rows.layouts.offer(samples[row])
-                break
-    return hi - lo, t[0] - t0[0], t[1] - t0[1]
+    return failed
 
 
 def _loaded_rows(p: RowHost, b: Batch, lo: int, hi: int, ring: bool) -> int:

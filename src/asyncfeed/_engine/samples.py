@@ -140,14 +140,20 @@ class SampleRows:
 
     def place(self, b: Batch, row: int, sample: Any, writer: FlatWriter | None = None) -> None:
         """Keep ``sample`` as row ``row`` of ``b``: written into its buffers (a ring
-        batch not turned to collating), else kept for the collate (the first such
-        sample offers its layout).  Raises what writing the row raises."""
-        b.samples[row] = sample  # a ring row is kept too, in case b is collated after all
+        batch not turned to collating; ``b.samples`` then says ``WRITTEN``), else
+        kept for the collate (the first such sample offers its layout).  Raises
+        what writing the row raises."""
         if b.mode is BatchMode.RING:
-            if not b.mismatch:
-                self.write(b, row, sample, writer)
-        elif not self.layouts.decided:
-            self.layouts.offer(sample)
+            if not b.mismatch and self.write(b, row, sample, writer):
+                # its row holds it: let go of it (read back from the row, should b
+                # be collated after all: ``restored``)
+                b.samples[row] = WRITTEN
+                return
+            b.samples[row] = sample
+        else:
+            b.samples[row] = sample
+            if not self.layouts.decided:
+                self.layouts.offer(sample)
 
     def note_failure(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
         """Sample ``idx`` (row ``row`` of ``b``) failed with ``e`` (any thread): the
@@ -195,17 +201,17 @@ def write_deferred(rows: SampleRows, b: Batch) -> None:
     hands it over.  Here one thread copies the batch's rows in one go."""
     failed = [r for r, _, _ in b.failures] if b.failures else None
     if any(s is None or s is WRITTEN for s in b.samples):
-        # rows a worker process wrote into shared memory itself (a batch split
-        # between the stage and the threads): nothing to write for them here
+        # rows written already (by a worker process into shared memory, a batch
+        # split between the stage and the threads): nothing to write for them here
         failed = (failed or []) + [r for r, s in enumerate(b.samples)
                                    if s is None or s is WRITTEN]
     write_run(rows, b, 0, b.n, failed, bulk=True)
 
 
 def restored(b: Batch) -> list[Any]:
-    """``b.samples`` with the rows a worker process wrote itself (``WRITTEN``)
-    read back from the batch's buffers: what the collate function gets for a ring
-    batch whose samples did not all fit its layout (DataLoader's collate then
+    """``b.samples`` with the rows written and let go of (``WRITTEN``) read back
+    from the batch's buffers: what the collate function gets for a ring batch
+    whose samples did not all fit its layout (DataLoader's collate then
     raises its own error for them, or collates them as it would have)."""
     if b.layout is None or b.bufs is None:
         return b.samples

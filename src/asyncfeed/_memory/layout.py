@@ -88,6 +88,10 @@ class Layout:
         # a plain tuple of leaves (an (image, label) sample): assembled without
         # default_collate's walk (see assemble)
         self._flat_tuple = type(skeleton) is tuple and all(type(x) is _Leaf for x in skeleton)
+        # the objects of one sample the garbage collector counts (its containers and
+        # tensors; NumPy arrays and scalars are not of its types): what a row held
+        # until it is written adds to the young generation (see ``gcpauses``)
+        self.gc_objects = _containers(skeleton) + sum(s.kind == "tensor" for s in specs)
 
     @classmethod
     def infer(cls, sample: Any) -> Layout | None:
@@ -182,13 +186,17 @@ class Layout:
         return _build(self.skeleton, leaves)
 
     def row_sample(self, bufs: list[Any], row: int) -> Any:
-        """Row ``row`` as a standalone sample (copied out of the buffers)."""
+        """Row ``row`` as a standalone sample (copied out of the buffers), its leaves
+        of the types the layout was read off: tensors, NumPy arrays, Python scalars,
+        strings (``default_collate`` collates it as it would the original)."""
         leaves = []
         for s, buf in zip(self.specs, bufs):
             if s.kind == "list":
                 leaves.append(buf[row])
             elif s.kind == "scalar":
                 leaves.append(buf[row].item())
+            elif s.kind == "ndarray":
+                leaves.append(buf[row].numpy().copy())
             else:
                 leaves.append(buf[row].clone())
         return self.unflatten(leaves)
@@ -279,6 +287,13 @@ def _leaves(skel: Any, x: Any, out: list[Any]) -> None:
                 f"{type(x).__name__}" + (f" of {len(x)}" if hasattr(x, "__len__") else ""))
         for s, v in zip(skel, x):
             _leaves(s, v, out)
+
+
+def _containers(skel: Any) -> int:
+    """How many containers (tuples, lists, dicts) ``skel`` has, itself included."""
+    if isinstance(skel, _Leaf):
+        return 0
+    return 1 + sum(_containers(v) for v in (skel.values() if isinstance(skel, dict) else skel))
 
 
 def _build(skel: Any, leaves: list[Any]) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..._memory.layout import _PY_SCALARS, Layout, LayoutMismatch
+from .. import gcpauses
 from ..rowwrite import BULK_ROW_BYTES, FlatWriter
 from .opened import forget_all
 from .shm import open_segment, remove_segments, segment_plan
@@ -296,8 +297,11 @@ def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows |
     sample)`` to pickle back, ``(row, "e", payload)`` for an exception.  Stops
     early when the stage says stop (``inbox.stopped``)."""
     out: list[tuple[int, str, Any]] = []
-    held: list[tuple[int, Any]] = []  # loaded rows for one write_run at the end
+    held: list[tuple[int, Any]] = []  # loaded rows for one write_run a run
     bulk = target is not None and target.writer is not None
+    # rows a run: what they hold dies before it sets off a young collection
+    run = gcpauses.rows_held(target.layout.gc_objects, len(rows)) \
+        if target is not None and bulk else 0
     for row, idx in zip(rows, indices):
         if inbox.stop_asked():
             break
@@ -307,8 +311,11 @@ def _run_rows(dataset: Any, rows: list[int], indices: list[Any], target: _Rows |
             out.append((row, "e", error_payload(e)))
             del e
             continue
-        if bulk:
+        if bulk and target is not None:
             held.append((row, sample))
+            if len(held) >= run and not inbox.stopped:
+                _write_held(target, held, out)
+                held = []
         elif target is not None and target.write(row, sample):
             out.append((row, "w", row + 1))
         else:
