@@ -24,8 +24,8 @@ move to an older generation, and from there, over many collections, to the
 oldest, whose growth triggers the full collections above.  A batch of 256
 ``TensorDataset`` rows held until one write holds 768 such objects against the
 threshold of 700: a young collection every batch, and two full collections an
-epoch (``tests/engine/test_gcpauses.py`` counts them).  Written in runs of fewer
-rows, what a run holds dies before the count reaches the threshold.
+epoch.  Written in runs of fewer rows, what a run holds dies before the count
+reaches the threshold (``tests/engine/test_gcpauses.py`` counts the rows alive).
 """
 
 from __future__ import annotations
