@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from asyncfeed import AsyncLoader
-from asyncfeed._engine.runtime import Runtime, _omp_set_num_threads
+from asyncfeed._engine import intraop
+from asyncfeed._engine.runtime import Runtime
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -17,7 +18,7 @@ openmp = "parallel backend: OpenMP" in torch.__config__.parallel_info()
 
 @pytest.mark.skipif(not openmp, reason="torch does not parallelise with OpenMP here")
 def test_openmp_runtime_is_found_when_torch_uses_it():
-    assert _omp_set_num_threads is not None
+    assert intraop._openmp is not None
 
 
 @pytest.mark.skipif(not openmp, reason="torch does not parallelise with OpenMP here")
@@ -52,3 +53,54 @@ class Threads:
 def test_a_datasets_torch_ops_in_the_loader_are_single_threaded():
     with AsyncLoader(Threads(), batch_size=3, num_threads=2) as al:
         assert {int(v) for b in al for v in b} == {1}
+
+
+@pytest.mark.skipif(not openmp, reason="torch does not parallelise with OpenMP here")
+def test_alone_runs_the_block_on_this_thread_and_restores_the_count():
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with intraop.alone():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 3
+        with pytest.raises(ValueError):
+            with intraop.alone():
+                raise ValueError
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not openmp, reason="torch does not parallelise with OpenMP here")
+def test_inline_rows_written_by_the_loader_alone_and_the_datasets_ops_as_the_user_set(
+        monkeypatch):
+    """Inline, the dataset's own torch ops run with the consumer's count (as under
+    ``DataLoader(num_workers=0)``); the loader's stack of a run of rows into the
+    batch's buffers runs on the consumer's thread alone, and the count is the
+    user's again after it."""
+    from asyncfeed._engine import rowwrite
+    during: list[int] = []
+    stack = rowwrite._stack_tensors
+
+    def recording(*args, **kwargs):
+        during.append(torch.get_num_threads())
+        return stack(*args, **kwargs)
+    monkeypatch.setattr(rowwrite, "_stack_tensors", recording)
+
+    class Rows:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return torch.full((64, 64), float(torch.get_num_threads()))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with AsyncLoader(Rows(), batch_size=16, execution="inline") as al:
+            batches = list(al)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert {float(v) for b in batches for v in b[:, 0, 0]} == {2.0}
+    assert during and set(during) == {1}, during

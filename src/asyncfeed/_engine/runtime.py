@@ -15,58 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import ctypes
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .intraop import one_intraop_thread
 from .taskpool import TaskPool
 from .workers import WorkerPool, abandon, join_until
 from .exithooks import OpenSet
-
-
-def _find_omp_set_num_threads() -> Callable[[int], None] | None:
-    """The loaded OpenMP runtime's ``omp_set_num_threads``, when torch parallelises
-    with OpenMP (Linux builds); None elsewhere."""
-    try:
-        import torch
-        if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
-            return None
-        with open("/proc/self/maps") as maps:
-            libs = sorted({line.split()[-1] for line in maps
-                           if line.rstrip().endswith((".so", ".so.1")) and
-                           ("libgomp" in line or "libiomp" in line)})
-        for lib in libs:
-            fn = getattr(ctypes.CDLL(lib), "omp_set_num_threads", None)
-            if fn is not None:
-                fn.argtypes = [ctypes.c_int]
-                fn.restype = None
-                return fn
-    except Exception:  # noqa: BLE001 - an optimisation, never a reason to fail
-        return None
-    return None
-
-
-_omp_set_num_threads = _find_omp_set_num_threads()
-
-
-def one_intraop_thread() -> None:
-    """Make torch ops called in this thread run on this thread alone.
-
-    The decode threads are the parallelism; a torch op they call (a user
-    transform, ``copy_``, ``stack``) would otherwise start an OpenMP team of
-    its own whose threads spin after each op, about doubling its CPU cost.
-    DataLoader's workers call ``torch.set_num_threads(1)``, which is global in
-    one process; OpenMP's thread count is per thread, so this sets it for the
-    calling thread only, after torch's own per-thread set-up has run.
-    """
-    if _omp_set_num_threads is None:
-        return
-    import torch
-    torch.get_num_threads()  # torch's lazy per-thread init would reset the count
-    _omp_set_num_threads(1)
 
 
 #: How long ``close()`` waits for a thread still in a call before abandoning it.
