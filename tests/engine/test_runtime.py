@@ -72,27 +72,28 @@ def test_alone_runs_the_block_on_this_thread_and_restores_the_count():
 
 
 @pytest.mark.skipif(not openmp, reason="torch does not parallelise with OpenMP here")
+@pytest.mark.parametrize("kind", ["tensor", "ndarray"])
 def test_inline_rows_written_by_the_loader_alone_and_the_datasets_ops_as_the_user_set(
-        monkeypatch):
+        monkeypatch, kind):
     """Inline, the dataset's own torch ops run with the consumer's count (as under
     ``DataLoader(num_workers=0)``); the loader's stack of a run of rows into the
     batch's buffers runs on the consumer's thread alone, and the count is the
     user's again after it."""
-    from asyncfeed._engine import rowwrite
     during: list[int] = []
-    stack = rowwrite._stack_tensors
+    stack = torch.stack
 
     def recording(*args, **kwargs):
         during.append(torch.get_num_threads())
         return stack(*args, **kwargs)
-    monkeypatch.setattr(rowwrite, "_stack_tensors", recording)
+    monkeypatch.setattr(torch, "stack", recording)  # the loader's writes stack the rows
 
     class Rows:
         def __len__(self):
             return 64
 
         def __getitem__(self, i):
-            return torch.full((64, 64), float(torch.get_num_threads()))
+            row = torch.full((128, 128), float(torch.get_num_threads()))
+            return row if kind == "tensor" else row.numpy()  # 64 KB: stacked in bulk
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -94,9 +94,8 @@ def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
                 b.deferred = True  # the thread that completes b writes every row at once
             else:  # in bulk, as its completing thread would (write_deferred)
                 write_run(rows, b, start, end, failed, bulk=True)
-                if not b.mismatch:  # the rows hold them now: let go of them
-                    b.samples[start:end] = [None if failed is not None and r in failed
-                                            else WRITTEN for r in range(start, end)]
+                if end < hi and not b.mismatch:
+                    _let_go(b, start, end, failed)  # (the last run's go with the batch)
             t = acct.end(ASSEMBLE, t, 0)  # counted per batch, at its completion
         elif not rows.layouts.decided:
             for row in range(start, end):
@@ -104,6 +103,14 @@ def _rows(p: RowHost, b: Batch, lo: int, hi: int) -> tuple[int, float, float]:
                     rows.layouts.offer(b.samples[row])
                     break
     return hi - lo, t[0] - t0[0], t[1] - t0[1]
+
+
+def _let_go(b: Batch, lo: int, hi: int, failed: list[int] | None) -> None:
+    """Rows ``lo..hi`` of ``b`` are written: let go of their samples (the rows hold
+    them now; a failed row has none)."""
+    b.samples[lo:hi] = [WRITTEN] * (hi - lo)
+    for r in failed or ():
+        b.samples[r] = None
 
 
 _STOPPED: list[int] = []  # what _get_rows returns when the pass stopped meanwhile

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .._memory.layout import _PY_SCALARS, Layout, _Leaf
+from . import intraop
 from .duel import PolicyConfig, spread
 
 __all__ = ["BULK_ROW_BYTES", "HOLD_GIL_BYTES", "FlatWriter", "StackWays", "write_one"]
@@ -304,7 +305,8 @@ class FlatWriter:
                         return False
                     arrays.append(x)
                 if stacked:
-                    torch.stack(arrays, out=bufs[j][lo:hi])
+                    with intraop.alone():  # as in _stack_tensors
+                        torch.stack(arrays, out=bufs[j][lo:hi])
                     continue
                 if nbytes < BULK_ROW_BYTES and _joined(v, lo, hi, nbytes, arrays):
                     continue
@@ -324,19 +326,23 @@ def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tens
     dtypes are read the ``copy`` way or the check way (:class:`StackWays`).
     False (the caller writes the rows again row by row) for a run it cannot
     write so: a row that is no plain tensor, another shape or dtype, a tensor
-    that needs grad or lives on another device."""
+    that needs grad or lives on another device.  The copies run on the calling
+    thread alone (:class:`.intraop.alone`: inline, the consumer's thread, whose
+    torch thread count is the user's)."""
     if col[0].shape != shape:
         return False
     if not copy:
         if set(map(type, col)) != {torch.Tensor} or {x.dtype for x in col} != {dtype}:
             return False
         try:
-            torch.stack(col, out=out)
+            with intraop.alone():
+                torch.stack(col, out=out)
         except RuntimeError:
             return False
         return True
     try:
-        stacked = torch.stack(col)
+        with intraop.alone():
+            stacked = torch.stack(col)
     except (RuntimeError, TypeError):
         return False
     # one look at the stack stands for a look at each row: a row of a tensor
@@ -344,7 +350,8 @@ def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tens
     if type(stacked) is not torch.Tensor or stacked.dtype != dtype \
             or stacked.requires_grad or stacked.device != out.device:
         return False
-    out.copy_(stacked)
+    with intraop.alone():
+        out.copy_(stacked)
     return True
 
 

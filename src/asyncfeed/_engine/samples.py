@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._memory.layout import Layout, LayoutMismatch
-from . import intraop
 from .accounting import DECODE, FETCH, Accounting
 from .batch import NO_RAW, WRITTEN, Batch, BatchMode
 from .rowwrite import FlatWriter, write_one
@@ -170,12 +169,6 @@ def write_run(rows: SampleRows, b: Batch, lo: int, hi: int, failed: list[int] | 
     layout (``bulk``: see ``FlatWriter.write_rows``), else row by row.  A row of
     another shape turns the batch to collating (:meth:`SampleRows.write`); any
     other error writing a row is that row's."""
-    with intraop.alone():  # the consumer's thread, inline: its torch count is the user's
-        _write_run(rows, b, lo, hi, failed, bulk)
-
-
-def _write_run(rows: SampleRows, b: Batch, lo: int, hi: int, failed: list[int] | None,
-               bulk: bool) -> None:
     layout = b.layout
     assert layout is not None  # a ring batch's layout is known
     bufs = rows.buffers(b)
