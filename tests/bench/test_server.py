@@ -137,3 +137,46 @@ def test_a_bench_ended_by_sigterm_leaves_nothing_behind(tmp_path):
                 p.kill()
             proc.kill()
             proc.wait(30)
+
+
+_INTERRUPTED_AT_START = r'''
+import sys
+from asyncfeed._bench import client, measure
+
+class Interrupted(measure.TreeSampler):
+    """SIGTERM's SystemExit the moment the run started: its sampler just made."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+        raise SystemExit(143)
+
+client.TreeSampler = Interrupted
+spec = {"mode": "epoch", "family": "asyncfeed", "knob": None, "batch_size": 32,
+        "dataset": {"kind": "cifar", "size": 32, "samples": 64}}
+with client.RunServer(sys.argv[1]) as server:
+    server.run(spec, timeout=60)
+'''
+
+
+def test_a_client_interrupted_as_its_run_starts_exits_and_ends_the_run(tmp_path):
+    """An exception between the run's start and the loop that waits for it (a
+    SIGTERM then) ends the run, and the sampler thread just started does not keep
+    the client's interpreter from exiting."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([SRC] + [p for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_AT_START, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                            cwd=tmp_path, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        assert proc.wait(60) == 143
+        assert _until(lambda: _gone(pid), 30)
+    finally:
+        if proc.poll() is None:
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                p.kill()
+            proc.kill()
+            proc.wait(30)
+        proc.stdout.close()

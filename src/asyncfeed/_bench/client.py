@@ -92,12 +92,13 @@ class RunServer:
         pid = started["pid"]
         me0 = os.times()
         comp0 = _cpu_of(companions)
-        sampler = TreeSampler(pid, self.pid, pss_interval=pss_interval,
-                              rss_interval=rss_interval)
+        sampler: TreeSampler | None = None
         timed_out = False
         deadline = time.monotonic() + timeout
         done = None
         try:
+            sampler = TreeSampler(pid, self.pid, pss_interval=pss_interval,
+                                  rss_interval=rss_interval)
             while done is None:
                 try:
                     done = self._read(max(0.1, deadline - time.monotonic()))
@@ -111,7 +112,7 @@ class RunServer:
             kill_run(pid)
             raise
         finally:
-            memory = sampler.stop()
+            memory = sampler.stop() if sampler is not None else {}
         me1 = os.times()
         main_cpu = (me1.user + me1.system) - (me0.user + me0.system)
         companion_cpu = _cpu_of(companions) - comp0

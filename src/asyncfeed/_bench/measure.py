@@ -77,7 +77,10 @@ class TreeSampler:
         self._server = psutil.Process(server_pid) if server_pid else None
         self._t0 = time.perf_counter()
         self._cpu0 = self._machine_busy()
-        self._thread = threading.Thread(target=self._run, name="asyncfeed-bench-sampler")
+        # a daemon: a bench ended by an exception (Ctrl-C, SIGTERM) at any point,
+        # even before it could stop the sampler, must not wait on it at exit
+        self._thread = threading.Thread(target=self._run, name="asyncfeed-bench-sampler",
+                                        daemon=True)
         self._thread.start()
 
     @staticmethod
