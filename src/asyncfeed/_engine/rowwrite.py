@@ -114,12 +114,15 @@ class StackWays:
 
 def _stack_measured(ways: StackWays, col: Any, shape: Any, dtype: Any, out: Any) -> bool:
     """:func:`_stack_tensors` the way ``ways`` asks for, the run timed until it keeps
-    one (a kept way reads no clock: ``thread_time`` is a system call)."""
-    if ways.kept is not None:
-        return _stack_tensors(col, shape, dtype, out, ways.kept)
-    copy, t0 = ways.next(), thread_time()
-    if not _stack_tensors(col, shape, dtype, out, copy):
-        return False
+    one (a kept way reads no clock: ``thread_time`` is a system call).  The copies
+    run on the calling thread alone (:class:`.intraop.alone`: inline, the
+    consumer's thread, whose torch thread count is the user's)."""
+    with intraop.alone():
+        if ways.kept is not None:
+            return _stack_tensors(col, shape, dtype, out, ways.kept)
+        copy, t0 = ways.next(), thread_time()
+        if not _stack_tensors(col, shape, dtype, out, copy):
+            return False
     ways.record(copy, thread_time() - t0, len(col))
     return True
 
@@ -305,7 +308,7 @@ class FlatWriter:
                         return False
                     arrays.append(x)
                 if stacked:
-                    with intraop.alone():  # as in _stack_tensors
+                    with intraop.alone():  # as in _stack_measured
                         torch.stack(arrays, out=bufs[j][lo:hi])
                     continue
                 if nbytes < BULK_ROW_BYTES and _joined(v, lo, hi, nbytes, arrays):
@@ -326,23 +329,19 @@ def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tens
     dtypes are read the ``copy`` way or the check way (:class:`StackWays`).
     False (the caller writes the rows again row by row) for a run it cannot
     write so: a row that is no plain tensor, another shape or dtype, a tensor
-    that needs grad or lives on another device.  The copies run on the calling
-    thread alone (:class:`.intraop.alone`: inline, the consumer's thread, whose
-    torch thread count is the user's)."""
+    that needs grad or lives on another device."""
     if col[0].shape != shape:
         return False
     if not copy:
         if set(map(type, col)) != {torch.Tensor} or {x.dtype for x in col} != {dtype}:
             return False
         try:
-            with intraop.alone():
-                torch.stack(col, out=out)
+            torch.stack(col, out=out)
         except RuntimeError:
             return False
         return True
     try:
-        with intraop.alone():
-            stacked = torch.stack(col)
+        stacked = torch.stack(col)
     except (RuntimeError, TypeError):
         return False
     # one look at the stack stands for a look at each row: a row of a tensor
@@ -350,8 +349,7 @@ def _stack_tensors(col: Any, shape: tuple[int, ...], dtype: Any, out: torch.Tens
     if type(stacked) is not torch.Tensor or stacked.dtype != dtype \
             or stacked.requires_grad or stacked.device != out.device:
         return False
-    with intraop.alone():
-        out.copy_(stacked)
+    out.copy_(stacked)
     return True
 
 

@@ -143,17 +143,15 @@ class SampleRows:
         batch not turned to collating; ``b.samples`` then says ``WRITTEN``), else
         kept for the collate (the first such sample offers its layout).  Raises
         what writing the row raises."""
-        if b.mode is BatchMode.RING:
-            if not b.mismatch and self.write(b, row, sample, writer):
-                # its row holds it: let go of it (read back from the row, should b
-                # be collated after all: ``restored``)
-                b.samples[row] = WRITTEN
-                return
-            b.samples[row] = sample
-        else:
-            b.samples[row] = sample
-            if not self.layouts.decided:
-                self.layouts.offer(sample)
+        ring = b.mode is BatchMode.RING
+        if ring and not b.mismatch and self.write(b, row, sample, writer):
+            # its row holds it: let go of it (read back from the row, should b be
+            # collated after all: ``restored``)
+            b.samples[row] = WRITTEN
+            return
+        b.samples[row] = sample
+        if not ring and not self.layouts.decided:
+            self.layouts.offer(sample)
 
     def note_failure(self, b: Batch, row: int, idx: Any, e: BaseException) -> None:
         """Sample ``idx`` (row ``row`` of ``b``) failed with ``e`` (any thread): the
