@@ -1478,6 +1478,29 @@ def test_the_chooser_reads_a_window_as_long_as_the_decision_asks():
     assert ch.record.windows[n].seconds == pytest.approx(0.06)
 
 
+def test_the_window_not_used_after_a_switch_lasts_the_least_window_in_any_round():
+    """The window after a switch waits out the switch (threads waking, a fork and
+    its first replies), which takes as long in a duel's later rounds as in its
+    first: it lasts the least window, not ``window_scale`` of them, and the
+    reading after it lasts the round's length."""
+    clock = [0.0]
+    ch = Chooser(space(2), clock=lambda: clock[0])
+    ctl = _Control(gil_free(2), clock)
+    ch.begin_pass(ctl)
+    _ticks(ch, ctl, 3)
+    n = len(ch.record.windows)
+    ch.decision = dataclasses.replace(ch.decision, window_scale=4)
+    ch._switch(processes(2))
+    switched = clock[0]
+    while ch._warmup:
+        _ticks(ch, ctl, 1)
+    assert clock[0] - switched == pytest.approx(0.04)  # opens at a completion, then 20 ms
+    while len(ch.record.windows) == n:
+        _ticks(ch, ctl, 1)
+    assert ch.record.windows[n].candidate == processes(2)
+    assert ch.record.windows[n].seconds == pytest.approx(0.08)
+
+
 def _complete_until(ch: Chooser, ctl: _Control, windows: int) -> None:
     """One completion every 20 ms on ``ctl``'s clock, the chooser ticking after each,
     until its record holds ``windows`` windows."""

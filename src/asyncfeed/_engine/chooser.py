@@ -279,15 +279,19 @@ class Chooser:
         # a chunk each, so a window sees ``window_events`` completions for each
         c = self._carried
         elapsed = c.at + last - w0.at
-        scale = self.decision.window_scale  # a duel's later rounds read longer windows
         tasks = max(1, self.current.count)
         # a window not used (threads waking, a fork and its first replies) lasts until
-        # each task running at once could have completed once, not as long as a
-        # reading, which on many cores is many tasks each
-        least = tasks if self._warmup > 0 else self.config.window_events * tasks * scale
-        if elapsed < self._window_s * scale or c.events + events - w0.events < least:
-            return max(self._window_s * scale - elapsed - (now - last),
-                       self._window_s / 4)
+        # each task running at once could have completed once and the least window
+        # passed, not as long as a reading, which on many cores is many tasks each,
+        # nor as long as a duel's later rounds read (``window_scale``): what it waits
+        # out is the switch, which takes as long in any round
+        if self._warmup > 0:
+            span, least = self._window_s, tasks
+        else:
+            scale = self.decision.window_scale
+            span, least = self._window_s * scale, self.config.window_events * tasks * scale
+        if elapsed < span or c.events + events - w0.events < least:
+            return max(span - elapsed - (now - last), self._window_s / 4)
         self._w0 = _Mark.now(control, rows, events, last)
         total = c.plus(w0, self._w0)
         self._carried = _Mark()
