@@ -42,9 +42,10 @@ class PolicyConfig:
     windows before the first re-check may run (doubling after each).
     ``warmup_windows``: a pass's first windows after a start or a switch that
     are not used (threads waking, the buffers filling); such a window sees one
-    completion for each task the candidate runs at once, not ``window_events``
-    (it is no reading, and on many cores a reading's length is many tasks
-    each, a whole short epoch for sixteen workers).  ``start_attempts``:
+    completion for each task the candidate runs at once, not ``window_events``,
+    and lasts ``window_s`` in any round of a duel (it is no reading, and on many
+    cores a reading's length is many tasks each, a whole short epoch for sixteen
+    workers; the switch it waits out takes no longer in a later round).  ``start_attempts``:
     how often the process candidate may fail to start (the decode threads did
     not go quiet for the fork) before it counts as unavailable.  ``max_rounds``:
     a duel whose dearer side led the cheaper by more than ``min_margin``, but by
