@@ -9,10 +9,11 @@ it already does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .accounting import Analysis, Snapshot
+from .execution_report import ThreadScaling
 
 __all__ = ["DatasetKnobs", "dataset_knobs", "explain"]
 
@@ -80,11 +81,23 @@ def _per_item_ms(s: Snapshot, stage: str) -> float:
     return 1000.0 * st.wall_s / st.count if st is not None and st.count else 0.0
 
 
+def with_outcome(a: Analysis, scaled: ThreadScaling | None) -> Analysis:
+    """``a`` with what the pass measured: where the chosen threads ran the rows as many
+    times as fast as fewer threads as they are times as many (``scaled``), the GIL
+    did not hold them back, whatever their time off a core read (rows blocked in
+    ``__getitem__`` on storage or the network read as time off a core, as a wait for
+    the GIL does): a ``"gil"`` verdict becomes ``"decode"``."""
+    if a.bottleneck == "gil" and scaled is not None:
+        return replace(a, bottleneck="decode")
+    return a
+
+
 def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
-            inline: bool = False) -> str:
+            inline: bool = False, scaled: ThreadScaling | None = None) -> str:
     """Plain sentences on ``a.bottleneck`` with the figures behind it; ``knobs``: the
     data set's own settings, when it is an ``ImageFolder``; ``inline``: the consumer's
-    thread loads the rows (no decode thread runs)."""
+    thread loads the rows (no decode thread runs); ``scaled``: the pass measured its
+    threads scaling (:func:`with_outcome`), named where more threads is the knob."""
     waited = f"the training loop waited for data {a.wait_share:.0%} of the time"
     load = a.loads.get(a.limiting or "", 0.0)
     used = f"{a.cores_used:.1f} of {a.cores} cores"
@@ -98,7 +111,7 @@ def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
     if v == "fetch":
         return _explain_fetch(s, a, knobs, waited)
     if v == "decode":
-        return _explain_decode(s, a, knobs, waited, inline)
+        return _explain_decode(s, a, knobs, waited, inline, scaled)
     if v == "gil":
         held = "" if a.gil_pressure is None else \
             f"a probe found the GIL held {a.gil_pressure:.0%} of the time, "
@@ -145,7 +158,7 @@ def _explain_fetch(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None, waited:
 
 
 def _explain_decode(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None, waited: str,
-                    inline: bool) -> str:
+                    inline: bool, scaled: ThreadScaling | None = None) -> str:
     """:func:`explain` where the per-sample work is the bottleneck (the iterable's
     ``__next__``, worker processes, decode threads or the consumer's own thread)."""
     load = a.loads.get(a.limiting or "", 0.0)
@@ -170,6 +183,12 @@ def _explain_decode(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None, waited
         knob = (f"the threads waited for a core {min(queued, 1.0):.0%} of their busy "
                 "time although this process left cores unused: other processes are "
                 "using them (check the machine's load)")
+    elif spare and scaled is not None:
+        knob = (f"cores are left, and {scaled.more} threads ran the rows "
+                f"{scaled.more_rate / scaled.fewer_rate:.1f} times as fast as "
+                f"{scaled.fewer} (measured): the rows wait (on storage, the network, a "
+                "lock) and more threads overlap more waits: raise num_threads, or "
+                "give the data set an async fetch")
     elif spare:
         knob = "cores are left: raise num_threads"
     else:

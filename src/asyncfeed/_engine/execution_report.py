@@ -14,6 +14,18 @@ from .policy import Candidate, Mode, Reason, Record
 
 
 @dataclass(frozen=True)
+class ThreadScaling:
+    """Two thread counts measured in one pass and their rates (rows/s): ``more``
+    threads ran the rows ``more / fewer`` times as fast as ``fewer``, within the
+    noise margin (:meth:`ExecutionReport.threads_scaled`)."""
+
+    fewer: int
+    fewer_rate: float
+    more: int
+    more_rate: float
+
+
+@dataclass(frozen=True)
 class Measured:
     """A candidate's windows in the record: their count and mean rate (rows/s)."""
 
@@ -67,6 +79,25 @@ class ExecutionReport:
     @property
     def candidate(self) -> Candidate:
         return Candidate(self.mode, self.count)
+
+    def threads_scaled(self) -> ThreadScaling | None:
+        """Where the choice is the most threads measured and it ran the rows as many
+        times as fast as the next fewer threads measured as it has times their count,
+        within the margin: those two readings (else None).  Threads that scale so
+        were not held back by the GIL: rows that wait (on storage, the network, a
+        lock) overlap their waits, and more threads would overlap more."""
+        if self.mode is not Mode.THREADS:
+            return None
+        counts = {m.candidate.count: m.rate for m in self.candidates
+                  if m.candidate.mode is Mode.THREADS}
+        fewer = [n for n in counts if n < self.count]
+        if self.count not in counts or max(counts) != self.count or not fewer:
+            return None
+        m = max(fewer)
+        more_rate, fewer_rate = counts[self.count], counts[m]
+        if more_rate * (1 + self.margin) < fewer_rate * self.count / m:
+            return None
+        return ThreadScaling(m, fewer_rate, self.count, more_rate)
 
     def __str__(self) -> str:
         c = self.candidate

@@ -315,13 +315,15 @@ class AsyncLoader(Generic[T_co]):
         """A snapshot of the counters (see :class:`LoaderStats`)."""
         s = self._stats
         ring = self._ring
+        execution = self._execution_report()
         return LoaderStats(epoch=s.epoch, batches=s.batches, samples=s.samples,
                            wait_s=s.wait_s, slot_waits=ring.waits if ring else 0,
                            path=s.path, skipped=list(self._skips.entries),
-                           execution=self._execution_report(),
+                           execution=execution,
                            io=io_stats(self.dataset, self._readahead_stats)
                            if self._use_fetch else None,
-                           **observe(self._acct, available_cores(), self.dataset))
+                           **observe(self._acct, available_cores(), self.dataset,
+                                     execution))
 
     def _execution_report(self) -> ExecutionReport:
         report = self._chooser.report()
@@ -357,7 +359,7 @@ class AsyncLoader(Generic[T_co]):
         if self.progress or self.log_every:
             it._view = LiveView(pipeline.acct, available_cores(), progress=self.progress,
                                 log_every=self.log_every, total=self._len_or_none(),
-                                epoch=self._epoch)
+                                epoch=self._epoch, execution=self._chooser.report)
         self._current = weakref.ref(it)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_current, [self._current])

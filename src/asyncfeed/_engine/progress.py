@@ -22,9 +22,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .accounting import STAGES, Accounting, Snapshot, analyse
+from .advice import with_outcome
+from .execution_report import ExecutionReport
 
 __all__ = ["LiveView", "PASS_KEY", "REFRESH_S", "WINDOW_KEY", "window_figures"]
 
@@ -37,11 +40,15 @@ WINDOW_KEY = f"bottleneck(last {REFRESH_S:g}s)"
 PASS_KEY = "bottleneck(pass)"
 
 
-def window_figures(window: Snapshot, cores: int) -> dict[str, Any]:
-    """Rate, stage shares and bottleneck of a window between two snapshots."""
+def window_figures(window: Snapshot, cores: int,
+                   execution: ExecutionReport | None = None) -> dict[str, Any]:
+    """Rate, stage shares and bottleneck of a window between two snapshots
+    (``execution``: what the loader measured, as ``stats()`` heeds it)."""
     elapsed = max(window.elapsed_s, 1e-9)
     total = sum(max(0.0, st.wall_s) for st in window.stages.values()) or 1.0
     a = analyse(window, cores)
+    if execution is not None:
+        a = with_outcome(a, execution.threads_scaled())
     return {"samples_per_s": window.samples / elapsed,
             "batches": window.batches,
             "shares": {name: max(0.0, window.stages[name].wall_s) / total
@@ -52,12 +59,15 @@ def window_figures(window: Snapshot, cores: int) -> dict[str, Any]:
 
 
 class LiveView:
-    """One pass's bar and log lines (either may be off).  ``close()`` is idempotent."""
+    """One pass's bar and log lines (either may be off).  ``close()`` is idempotent.
+    ``execution``: the loader's execution report, read when the bar ends."""
 
     def __init__(self, acct: Accounting, cores: int, *, progress: bool,
-                 log_every: float | None, total: int | None, epoch: int) -> None:
+                 log_every: float | None, total: int | None, epoch: int,
+                 execution: Callable[[], ExecutionReport] | None = None) -> None:
         self._acct = acct
         self._cores = cores
+        self._execution = execution
         self._bar: Any = None
         if progress:
             from .._optional import require
@@ -103,7 +113,8 @@ class LiveView:
             return
         self._closed = True
         if self._bar is not None:
-            whole = window_figures(self._acct.snapshot(), self._cores)
+            report = self._execution() if self._execution is not None else None
+            whole = window_figures(self._acct.snapshot(), self._cores, report)
             self._bar.set_postfix({"samples/s": f"{whole['samples_per_s']:.0f}",
                                    PASS_KEY: whole["bottleneck"] or "-"}, refresh=False)
             self._bar.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 from .._io.hedge import CountsReads
 from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
-from .advice import DatasetKnobs, dataset_knobs, explain
+from .advice import DatasetKnobs, dataset_knobs, explain, with_outcome
 from .execution_report import ExecutionReport
 from .policy import Mode
 from .readahead import ReadAheadStats
@@ -88,27 +88,30 @@ class LoaderStats:
 
     ``gil_share`` (0..1) estimates the share of the decode threads' busy time
     (``decode`` and ``assemble`` stages) spent runnable but not running Python
-    for want of the GIL.  Two measurements: the threads' wall time minus
-    their CPU time (time not running, for want of a core or of the GIL), and
-    a probe thread that wakes 50 times a second and times how long it waits
-    to take the GIL back, less its own wait for a core (``/proc`` schedstat):
-    near 0 while the GIL is free for the taking, about a switch interval
-    (5 ms) while Python threads hold it.  The probe's mean wait over the
-    switch interval is the GIL's pressure; ``gil_share`` is the smaller of it
-    and the not-running share.  Where it is wrong: with one decode thread it
-    reads near 0 however much Python runs (nothing contends; more threads
-    would); time blocked in I/O inside ``__getitem__`` while other threads run
-    Python counts as GIL; a GIL held by C code that does not release it (a
-    slow library call) counts as GIL, rightly, but is not Python; on a machine
+    for want of the GIL: the threads' wall time minus their CPU time (time not
+    running), less their wait for a core (``/proc`` schedstat) and what a
+    hypervisor stole, scaled by the process's CPU rate in cores where that is
+    under one (a thread waits for the GIL only while another runs).  A probe
+    thread that wakes about 10 times a second and times how long it waits to
+    take the GIL back gives the GIL's pressure: the share of its wake-ups that
+    found the GIL held.  Where it is wrong: with one decode thread the share
+    reads near 0 however much Python runs (nothing contends; the pressure sees
+    it); time blocked in I/O inside ``__getitem__`` reads as GIL (the verdict
+    heeds the pass's measured outcome there, below); a GIL held by C code that
+    does not release it counts as GIL, rightly, but is not Python; on a machine
     whose cores other processes keep busy, GIL-free work reads somewhat high
     (preempted GIL holders) and GIL-bound work low (threads woken for the GIL
-    wait for a core).
+    wait for a core).  ``docs/observability.md`` has the whole reading.
 
     ``bottleneck`` is one of ``"consumer"`` (the loader is ahead: the training
     step is the bottleneck), ``"fetch"``, ``"decode"``, ``"gil"`` or ``"h2d"``
     (None until a batch was delivered), over the whole pass so far: the same
     reading as :meth:`explain`, which says what to do about it, and as the
     progress bar's last word for the pass (its running postfix is a window's).
+    It reads ``"decode"``, not ``"gil"``, where ``execution`` measured the chosen
+    threads running the rows as many times as fast as the next fewer threads as
+    they are times as many, within the margin (``ExecutionReport.threads_scaled``):
+    threads held back by the GIL do not scale so; rows that wait do.
     """
 
     epoch: int = 0
@@ -133,7 +136,8 @@ class LoaderStats:
         if self._reading is None:
             return "No batch has been delivered yet: there is nothing to explain."
         inline = self.execution is not None and self.execution.mode is Mode.INLINE
-        return explain(*self._reading, self._knobs, inline=inline)
+        scaled = self.execution.threads_scaled() if self.execution is not None else None
+        return explain(*self._reading, self._knobs, inline=inline, scaled=scaled)
 
 
 def io_stats(dataset: Any, readahead: ReadAheadStats | None) -> IOStats:
@@ -150,13 +154,18 @@ def io_stats(dataset: Any, readahead: ReadAheadStats | None) -> IOStats:
     return io
 
 
-def observe(acct: Accounting | None, cores: int, dataset: Any = None) -> dict[str, Any]:
+def observe(acct: Accounting | None, cores: int, dataset: Any = None,
+            execution: ExecutionReport | None = None) -> dict[str, Any]:
     """The observability fields of :class:`LoaderStats` for a pass's accounting
-    (``dataset``: the loader's, whose own knobs the advice then names)."""
+    (``dataset``: the loader's, whose own knobs the advice then names;
+    ``execution``: what the loader measured, which the verdict heeds, see
+    :func:`~.advice.with_outcome`)."""
     if acct is None:
         return {}
     snap = acct.snapshot()
     a = analyse(snap, cores)
+    if execution is not None:
+        a = with_outcome(a, execution.threads_scaled())
     return {"stages": dict(snap.stages), "gil_share": a.gil_share,
             "bottleneck": a.bottleneck, "_reading": (snap, a) if a.bottleneck else None,
             "_knobs": dataset_knobs(dataset)}
