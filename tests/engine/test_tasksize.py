@@ -6,6 +6,7 @@ and no thread is left parked or running.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -151,6 +152,42 @@ def test_break_with_parked_threads_leaves_no_thread():
     al.close()
     left = [t.name for t in threading.enumerate() if t.name.startswith("asyncfeed-")]
     assert not left, left
+
+
+class Held:
+    """Two rows of the second batch wait until the test lets them go; the rest cost
+    nothing."""
+
+    go = threading.Event()
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in (8, 9):
+            Held.go.wait(30)
+        return torch.tensor([i])
+
+
+def test_running_counts_the_places_threads_keep_after_the_limit_went_down():
+    """Switched from 8 threads to 1, every thread holding a place takes a task of
+    the candidate before (running, or waiting for one with its place kept) before
+    it sees the limit went down: ``running()`` counts them, so the chooser's next
+    window opens after their completions, not during them."""
+    Held.go.clear()
+    al = AsyncLoader(Held(), batch_size=8, prefetch=4, num_threads=8)
+    it = iter(al)
+    try:
+        p = it._p
+        next(it)  # batch 0: the layout known, the batches after it are planned
+        time.sleep(0.3)  # two rows wait; the rows after them are done, their threads idle
+        busy = p.runtime.pool.running()
+        assert 1 <= busy < 8 and p.gate.held == 8, (busy, p.gate.held)
+        assert p.apply(threads(1))
+        assert p.gate.limit == 1 and p.running() == 8
+    finally:
+        Held.go.set()
+        al.close()
 
 
 def test_stats_say_which_execution_ran():

@@ -74,7 +74,11 @@ class ExecutionControl(Protocol):
         ...
 
     def running(self) -> int:
-        """How many of the pass's tasks its decode threads run now (0 with none)."""
+        """How many of the pass's tasks its decode threads run now, or will still
+        start under the limit before the last ``apply``: the tasks running, or the
+        places its threads hold at the gate, whichever is more (a thread keeps its
+        place from task to task, and one waiting for a task when the limit went down
+        takes one more before it leaves); 0 with none."""
         ...
 
     def full_collections(self) -> int:
@@ -349,7 +353,8 @@ class Chooser:
         # nothing, and that time is not inline's.  The tasks the threads run now were
         # started under the candidate before: it opens once as many completions came
         # in (from two threads to one, the second thread's last task would otherwise
-        # count as the one thread's)
+        # count as the one thread's; a thread waiting for a task with its place kept
+        # takes one more before it sees the limit went down, and is counted too)
         self._w0 = None
         self._opens_after = control.completed()[1] + max(0, control.running() - 1)
 

@@ -324,9 +324,9 @@ class Pipeline(BatchHandoff):
         return time.process_time()
 
     def running(self) -> int:
-        """Decode tasks running in the pool's threads now (see
-        ``chooser.ExecutionControl``)."""
-        return self.runtime.pool.running()
+        """Decode tasks running in the pool's threads now, or the places held at the
+        gate, whichever is more (see ``chooser.ExecutionControl``)."""
+        return max(self.runtime.pool.running(), self.gate.held)
 
     def full_collections(self) -> int:
         """Collections of the oldest generation this process ran so far (see

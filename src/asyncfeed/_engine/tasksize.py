@@ -43,6 +43,12 @@ class Gate:
             self._active -= 1
             self._cond.notify()
 
+    @property
+    def held(self) -> int:
+        """The places held now: tasks running, and threads waiting for a task with a
+        place kept from their last (read without the lock)."""
+        return self._active
+
     def over(self) -> bool:
         """Whether more tasks hold the gate than its limit allows now: a holder that
         keeps its place between tasks (``TaskPool``) should leave (read without
