@@ -11,16 +11,15 @@ many times as fast as fewer threads as they are times as many, the verdict is
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
-from asyncfeed import AsyncLoader
 from asyncfeed._engine.accounting import (ASSEMBLE, DECODE, FETCH, H2D, STAGES, Resource,
                                           Snapshot, StageStats, analyse)
 from asyncfeed._engine.advice import explain, with_outcome
 from asyncfeed._engine.execution_report import ExecutionReport, Measured, ThreadScaling
 from asyncfeed._engine.policy import INLINE, Mode, Reason, processes, threads
+from asyncfeed._engine.progress import window_figures
 from asyncfeed._engine.stats import LoaderStats, observe
 
 THREADS = (Resource("threads", (FETCH, DECODE, ASSEMBLE), 4), Resource("copy", (H2D,), 1))
@@ -130,37 +129,10 @@ def test_without_scaling_measured_the_verdict_stays():
     assert "raise num_threads" not in explain(busy, d, scaled=scaled)
 
 
-class Waits:
-    """Rows that block 10 ms off the GIL (a read from slow storage), then a little
-    Python: threads overlap the waits, so their rate grows with their count."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> list[int]:
-        time.sleep(0.01)
-        return [i, i * i]
-
-
-def test_rows_that_wait_read_decode_and_the_advice_names_the_threads(capfd):
-    """End to end: the defaults measure 1, 2 and 4 threads on rows that wait 10 ms
-    each (their rates about 100, 200 and 400 rows/s, whatever else loads the cores:
-    the rows hardly use them), keep 4, and ``stats()``, its advice and the progress
-    bar's last word carry that reading (which knob the advice names follows the
-    cores left and the machine's load: tested on fixed readings above)."""
-    pytest.importorskip("tqdm")
-    with AsyncLoader(Waits(320), batch_size=8, progress=True) as loader:
-        for _ in range(2):
-            for _ in loader:
-                pass
-        st = loader.stats()
-        scaled = st.execution.threads_scaled()
-        assert scaled is not None and scaled.more == 4, str(st.execution)
-        assert st.bottleneck == "decode", (st.gil_share, st._reading, str(st.execution))
-        assert "docs/observability.md#decode" in st.explain(), st.explain()
-    _, err = capfd.readouterr()
-    last = err.rstrip().split("\r")[-1]
-    assert "bottleneck(pass)=decode" in last, last
+def test_the_progress_bars_last_word_heeds_the_scaling_as_stats_do():
+    """The bar's last word is ``stats().bottleneck``: read with the same report."""
+    s = sleeping_rows()
+    assert window_figures(s, 2)["bottleneck"] == "gil"
+    assert window_figures(s, 2, report(Mode.THREADS, 4, WAITING))["bottleneck"] == "decode"
+    assert window_figures(s, 2, report(Mode.THREADS, 2, {threads(2): 600.0}))["bottleneck"] \
+        == "gil"

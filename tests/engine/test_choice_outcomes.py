@@ -89,6 +89,14 @@ class Waits:
         return torch.tensor([i % 7, i])
 
 
+class WaitsLong(Waits):
+    """Rows that wait 10 ms: a thread's rate is 100 rows/s, whatever the cores."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.01)
+        return torch.tensor([i % 7, i])
+
+
 class Free:
     """Rows that cost nothing."""
 
@@ -166,6 +174,21 @@ def test_rows_that_overlap_on_threads_never_fork():
         ex = al.stats().execution
         assert al._exec.stage is None
     assert ex.mode is Mode.THREADS and ex.processes_skipped is Reason.NO_ROOM, str(ex)
+
+
+@pytest.mark.timeout(120)
+def test_rows_that_wait_climb_past_the_pools_threads():
+    """Twice the pool's threads overlap twice the waits: the search climbs past the
+    pool (a rung at a time, each dueled) and keeps more threads than it started."""
+    ds = WaitsLong()
+    with AsyncLoader(ds, batch_size=16) as al:
+        pool = al.num_threads
+        _settle(al, ds, 16)
+        ex = al.stats().execution
+    assert ex.mode is Mode.THREADS and ex.count >= 2 * pool, (pool, str(ex))
+    rates = {m.candidate: m.rate for m in ex.candidates}
+    at_pool = rates[next(c for c in rates if c.mode is Mode.THREADS and c.count == pool)]
+    assert rates[ex.candidate] > 1.5 * at_pool, str(ex)
 
 
 @pytest.mark.timeout(120)

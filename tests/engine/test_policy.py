@@ -759,6 +759,39 @@ def test_the_thread_ladder_doubles_to_the_cores_then_the_pool(cores, pool, want)
     assert [c.count for c in Space.thread_ladder(cores, pool)] == want
 
 
+@pytest.mark.parametrize("cores,pool,most,want", [
+    (2, 4, 64, [1, 2, 4, 8, 16, 32, 64]),
+    (2, 4, 63, [1, 2, 4, 8, 16, 32]),
+    (2, 4, 7, [1, 2, 4]),
+    (16, 18, 96, [1, 2, 4, 8, 16, 18, 36, 72]),
+    (1, 3, 2, [1, 3]),
+])
+def test_past_the_pool_the_ladder_doubles_up_to_the_rows_in_flight(cores, pool, most, want):
+    assert [c.count for c in Space.thread_ladder(cores, pool, most)] == want
+
+
+def waiting(wait_s: float, cpu_s: float, cores: int):
+    """Rows that wait ``wait_s`` off the GIL and a core, then run ``cpu_s`` holding
+    the GIL: n threads overlap the waits, up to one GIL's worth of rows."""
+    def rate(c: Candidate) -> float:
+        n = max(c.count, 1)
+        if c.mode is Mode.PROCESSES:
+            return min(n / (wait_s + cpu_s), n / cpu_s, cores / cpu_s)
+        return min(n / (wait_s + cpu_s), 1 / cpu_s)
+    return rate
+
+
+def test_rows_that_wait_climb_past_the_pool_while_each_rung_wins():
+    """Rows waiting 10 ms with 1 ms of Python: 4 threads (the pool) run 364 rows/s, 8
+    run 727, 16 can run at most one GIL's 1,000: the search climbs to 16 and no
+    further (32 threads read the same 1,000)."""
+    sp = Space(ladder=Space.thread_ladder(2, 4, 64), start=threads(2), cores=2,
+               process=processes(2))
+    rec, ran = run(sp, waiting(0.010, 0.001, 2), core_rate=1000.0)
+    assert decide(rec, sp).choice == threads(16), ran
+    assert threads(32) in ran and threads(64) not in ran, ran
+
+
 def test_the_search_is_bounded_by_the_ladder_not_the_cores():
     """On 96 cores the search measures a few rungs, not 96 counts."""
     _, ran = run(space(96), gil_free(96))

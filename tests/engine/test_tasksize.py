@@ -124,7 +124,9 @@ def test_candidates_switched_mid_pass_keep_batches_identical(collate):
                      **({"collate_fn": collate} if collate is not None else {}))
     want = list(torch.utils.data.DataLoader(ds, generator=torch.Generator().manual_seed(3),
                                             **loader_kw))
-    order = [INLINE, threads(1), processes(2), threads(3), INLINE, processes(2), threads(2)]
+    # threads(6): past the pool's 3 threads, which it grows
+    order = [INLINE, threads(1), processes(2), threads(3), INLINE, processes(2), threads(6),
+             threads(2)]
     with AsyncLoader(ds, generator=torch.Generator().manual_seed(3), num_threads=3,
                      **loader_kw) as al:
         it = iter(al)
@@ -149,6 +151,24 @@ def test_break_with_parked_threads_leaves_no_thread():
     assert it._p.apply(threads(1))  # three of the four decode threads wait at the gate
     next(it)
     next(it)
+    al.close()
+    left = [t.name for t in threading.enumerate() if t.name.startswith("asyncfeed-")]
+    assert not left, left
+
+
+def test_a_thread_count_past_the_pool_grows_it_and_close_joins_every_thread():
+    ds = TinyNumpy(2000)
+    al = AsyncLoader(ds, batch_size=4, prefetch=8, num_threads=2)
+    it = iter(al)
+    next(it)
+    assert it._p.runtime.pool.size == 2
+    assert it._p.apply(threads(8))
+    assert it._p.runtime.pool.size == 8 and it._p.runtime.num_threads == 8
+    assert it._p.gate.limit == 8
+    got = sum(1 for _ in zip(range(20), it))
+    assert got == 20
+    names = {t.name for t in threading.enumerate() if t.name.startswith("asyncfeed-decode")}
+    assert len(names) == 8, names
     al.close()
     left = [t.name for t in threading.enumerate() if t.name.startswith("asyncfeed-")]
     assert not left, left

@@ -187,8 +187,8 @@ def _explain_decode(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None, waited
         knob = (f"cores are left, and {scaled.more} threads ran the rows "
                 f"{scaled.more_rate / scaled.fewer_rate:.1f} times as fast as "
                 f"{scaled.fewer} (measured): the rows wait (on storage, the network, a "
-                "lock) and more threads overlap more waits: raise num_threads, or "
-                "give the data set an async fetch")
+                "lock) and more threads overlap more waits: raise num_threads (and "
+                "prefetch, the rows in flight), or give the data set an async fetch")
     elif spare:
         knob = "cores are left: raise num_threads"
     else:

@@ -28,7 +28,8 @@ def make_chooser(cfg: LoaderConfig, *, iterable: bool, use_fetch: bool) -> Choos
     if pinned is not None:
         return Chooser(None, pinned)
     cores = available_cores()
-    ladder = Space.thread_ladder(cores, num_threads)
+    # past the pool's threads, up to the rows in flight (rows that wait overlap more)
+    ladder = Space.thread_ladder(cores, num_threads, cfg.prefetch * (cfg.batch_size or 1))
     start = threads(min(cores, num_threads))
     with_processes = execution == "auto" and not use_fetch
     # a timeout bounds the wait for rows loaded elsewhere: rows the consumer loads

@@ -340,7 +340,10 @@ class AsyncLoader(Generic[T_co]):
         if self.device is not None and self._copy is None:
             self._copy = CopyStream(self.device)
         # blocking reads on the loop (local files) get io_concurrency threads
-        runtime = Runtime(self.num_threads, with_loop=self._use_fetch,
+        current = self._chooser.current  # a count past the pool's, kept from a pass
+        runtime = Runtime(max(self.num_threads, current.count)
+                          if current.mode is Mode.THREADS else self.num_threads,
+                          with_loop=self._use_fetch,
                           io_threads=self.io_concurrency,
                           on_loop_close=self._caps.close_io)
         try:

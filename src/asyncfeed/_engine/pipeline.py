@@ -392,6 +392,8 @@ class Pipeline(BatchHandoff):
         self._leave_stage()
         inline = candidate.mode is Mode.INLINE
         self.executor = self.executors.inline if inline else self.executors.threads
+        if not inline and candidate.count > self.runtime.num_threads:
+            self.runtime.grow(candidate.count)  # a rung past the pool's threads
         gate.set_limit(0 if inline else candidate.count)
         with self.cond:
             self.inline = inline

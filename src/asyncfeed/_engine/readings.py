@@ -128,14 +128,22 @@ class Space:
     more_processes: Candidate | None = None
 
     @staticmethod
-    def thread_ladder(cores: int, pool: int) -> tuple[Candidate, ...]:
-        """1, 2, 4, ... threads up to the cores, then the cores, then the pool's size."""
+    def thread_ladder(cores: int, pool: int, most: int = 0) -> tuple[Candidate, ...]:
+        """1, 2, 4, ... threads up to the cores, then the cores, then the pool's size,
+        then twice the pool, four times, ... up to ``most`` (the rows a pass has in
+        flight: more threads would find none to run).  Rungs past the cores gain only
+        by overlapping rows that wait; the search climbs to them only while each
+        rung beats the one below."""
         counts = []
         n = 1
         while n < min(cores, pool):
             counts.append(n)
             n *= 2
         counts += [min(cores, pool), pool]
+        n = 2 * pool
+        while n <= most:
+            counts.append(n)
+            n *= 2
         return tuple(threads(c) for c in sorted(set(counts)))
 
     def to_dict(self) -> dict[str, object]:

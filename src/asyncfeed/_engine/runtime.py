@@ -103,6 +103,12 @@ class Runtime:
     def closed(self) -> bool:
         return self._closed
 
+    def grow(self, n: int) -> None:
+        """The decode pool grows to ``n`` threads (a thread count the chooser measures
+        past the pool's; consumer thread).  Its threads are joined with the rest."""
+        self.pool.grow(n)
+        self.num_threads = max(self.num_threads, self.pool.size)
+
     def _run_loop(self, started: threading.Event) -> None:
         loop = self.loop
         assert loop is not None

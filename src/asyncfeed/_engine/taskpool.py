@@ -5,7 +5,8 @@ holding the GIL (a ``Future`` with its own condition variable, a work item,
 two semaphore operations).  The pipeline never looks at a task's result (every
 task reports to its batch itself), so this pool keeps only what it needs: a
 ``queue.SimpleQueue`` (a C queue: ``put`` and a blocked ``get`` cost about a
-microsecond) of ``(fn, args)`` tuples and ``n`` named threads started up front.
+microsecond) of ``(fn, args)`` tuples and ``n`` named threads started up front
+(``grow`` starts more: a thread count the chooser measures past the pool's).
 With a hundred threads each waiting on I/O, that overhead is what bounds one
 process's rate (the "ceiling" bench workload).
 
@@ -83,18 +84,34 @@ class TaskPool:
         self._gate: Admission | None = gate
         # quiet(): each thread flags its running task (written by that thread only,
         # set before it reads _paused: with the GIL, no task starts unseen)
-        self._busy = [False] * n
+        self._busy: list[bool] = []
         self._paused = False
         self._resume = threading.Event()
         self._resume.set()
         self._quiet_lock = threading.Lock()
         self._released = False          # set by the first submit (or shutdown) ...
         self._go = threading.Event()    # ... which lets the threads take tasks
-        self._threads = [threading.Thread(target=self._work, args=(i,),
-                                          name=f"{thread_name_prefix}_{i}",
-                                          daemon=False) for i in range(n)]
-        for t in self._threads:
-            t.start()
+        self._prefix = thread_name_prefix
+        self._threads: list[threading.Thread] = []
+        self.grow(n)
+
+    def grow(self, n: int) -> None:
+        """Start threads until the pool has ``n`` (none once shut down).  Each new
+        thread takes tasks as the first did (through the gate, once released)."""
+        with self._lock:
+            if self._shutdown:
+                return
+            for i in range(len(self._threads), n):
+                self._busy.append(False)
+                t = threading.Thread(target=self._work, args=(i,),
+                                     name=f"{self._prefix}_{i}", daemon=False)
+                self._threads.append(t)
+                t.start()
+
+    @property
+    def size(self) -> int:
+        """The pool's threads."""
+        return len(self._threads)
 
     def _work(self, me: int) -> None:
         if self._initializer is not None:
