@@ -5,8 +5,9 @@ For each data set, N rounds; in each round every contender runs in its own fresh
 (forked by the bench's fork server: torch imported, nothing else run), the contenders'
 order turning each round (A B C D, D C B A, ...):
 
-* ``DataLoader`` with ``num_workers`` 0, 2 and 4 (the set's sampler order, batch size and
-  ``collate_fn``), ``--dl-epochs`` epochs;
+* ``DataLoader`` with ``num_workers`` 0, 2 and 4, and the more a user would try on
+  the set (``UserSet.more_workers``: 8 and 16 for rows that wait), with the set's
+  sampler order, batch size and ``collate_fn``, ``--dl-epochs`` epochs;
 * ``AsyncLoader`` with its defaults (the same order, batch size and ``collate_fn``),
   ``--epochs`` epochs on one loader: the first epoch (timed from building the loader)
   and the steady state (the mean rate of the later epochs), and ``stats().execution``
@@ -148,9 +149,13 @@ def main() -> None:
     try:
         for name in names:
             userdata.build(name, quick=args.quick, workdir=workdir)  # write its files once
+            have = {w for f, w in contenders if f == "dataloader"}
+            mine = contenders[:-1] + [("dataloader", w) for w in
+                                      userdata.DATASETS[name].more_workers if w not in have]
+            mine.append(contenders[-1])
             for n in range(args.rounds):
                 for condition in conditions:
-                    order = contenders if n % 2 == 0 else contenders[::-1]
+                    order = mine if n % 2 == 0 else mine[::-1]
                     for family, workers in order:
                         spec = {"entry": "outcome_round", "dataset": name, "quick": args.quick,
                                 "workdir": workdir, "family": family, "workers": workers,

@@ -107,9 +107,11 @@ _OUTCOME = """\
 
 `bench/outcome.py` runs data sets the workloads above do not cover (`asyncfeed._bench.userdata`:
 dict samples with a custom `collate_fn`, Python tokenisation, small arrays with a per-sample
-generator, pure-Python rows, GIL-free hashing, Pillow augmentation, NumPy spectrograms), each
-contender in a fresh process per round: DataLoader with `num_workers` 0, 2, 4, and
-AsyncLoader's defaults for three epochs (the first pays for measuring the candidates).
+generator, pure-Python rows, GIL-free hashing, Pillow augmentation, NumPy spectrograms,
+reads that block in `__getitem__`), each contender in a fresh process per round:
+DataLoader with `num_workers` 0, 2, 4 (and 8, 16 on the set whose rows wait, as its user
+would try), and AsyncLoader's defaults for three epochs (the first pays for measuring
+the candidates).
 Ratios are to the best DataLoader setting of the same round; "neighbour" rounds run beside
 a busy-looping process (the JSON's `outcome` key has every round and the execution each
 chose). The slowest round over the median is given for AsyncLoader and, in brackets, for

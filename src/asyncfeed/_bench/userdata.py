@@ -27,6 +27,9 @@ seeded by the index), so every loader yields the same batches for the same order
 * ``tensors``: ``torch.utils.data.TensorDataset`` over features in RAM (64 float32 a
   row) and an int64 label, default collate; batch 256: a row is two tensor indexings,
   so the loader's own cost per batch is a large share of an epoch.
+* ``slow-reads``: rows that block 3 ms in ``__getitem__`` (a read from slow storage or
+  the network, the GIL released), then turn 4 KiB of per-sample bytes into float32:
+  the rate grows with the rows in flight, not with the cores; batch 32.
 * ``phased``: an epoch whose first half (in time, with ``num_workers=0``) is
   ``cifar-rng``'s cheap rows and whose second half is the pure-Python function: the cost changes mid-epoch
   (the sample order puts the cheap indices first); batch 32.
@@ -43,6 +46,7 @@ import io
 import os
 import random
 import string
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -389,6 +393,23 @@ class HashChunks(Dataset):
                 torch.from_numpy(window[:4096].copy()))
 
 
+class SlowReads(Dataset):
+    """Rows read from slow storage: each ``__getitem__`` blocks ``wait_s`` (a read
+    that waits on a device or the network, the GIL released), then turns 4 KiB of
+    bytes from a per-sample generator into float32 in [0, 1]."""
+
+    def __init__(self, n: int, seed: int = 0, wait_s: float = 0.003) -> None:
+        self.n, self.seed, self.wait_s = n, seed, wait_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.wait_s)
+        raw = np.random.default_rng((self.seed, index)).bytes(4096)
+        return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).astype(np.float32) / 255)
+
+
 class PhasedCost(Dataset):
     """Indices below ``cheap`` are cheap rows (:class:`CifarRng`'s, about 0.06 ms
     each); the others run :func:`python_features` (pure Python, about 1 ms) and pack
@@ -437,6 +458,9 @@ class UserSet:
     samples: int        # samples per epoch (full size)
     quick_samples: int  # samples per epoch with ``quick``
     expect: str         # the clear-cut outcome it stands for, or "" (for the report)
+    # DataLoader num_workers a user would try on this set besides the bench's own
+    # (rows that wait: more workers than cores overlap more waits)
+    more_workers: tuple[int, ...] = ()
 
 
 DATASETS: dict[str, UserSet] = {s.name: s for s in (
@@ -460,6 +484,8 @@ DATASETS: dict[str, UserSet] = {s.name: s for s in (
             128, ""),
     UserSet("tensors", "TensorDataset: 64 float32 features and an int64 label a row, "
             "default collate", 256, 327680, 1024, ""),
+    UserSet("slow-reads", "rows that block 3 ms in __getitem__ (a read from slow storage, "
+            "the GIL released), then 4 KiB to float32", 32, 1536, 64, "threads", (8, 16)),
     UserSet("phased", "first half of the epoch cheap numpy rows, second half pure Python "
             "(the cost changes mid-epoch)", 32, 12288 + 768, 256 + 32, ""),
 )}
@@ -494,6 +520,8 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
         ds = AudioClips(samples, seed)
     elif name == "tensors":
         ds = tensor_rows(samples, seed)
+    elif name == "slow-reads":
+        ds = SlowReads(samples, seed)
     else:  # phased
         costly = 768 if not quick else 32
         phased = PhasedCost(samples - costly, costly, seed)
