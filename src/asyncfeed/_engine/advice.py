@@ -15,7 +15,7 @@ from typing import Any
 from .accounting import Analysis, Snapshot
 from .execution_report import ThreadScaling
 
-__all__ = ["DatasetKnobs", "dataset_knobs", "explain"]
+__all__ = ["DatasetKnobs", "dataset_knobs", "explain", "with_outcome"]
 
 DOCS = "docs/observability.md"
 
