@@ -200,10 +200,11 @@ def test_running_counts_the_places_threads_keep_after_the_limit_went_down():
     try:
         p = it._p
         next(it)  # batch 0: the layout known, the batches after it are planned
-        # two rows wait; the rows after them get done, and their threads wait for a
-        # task with their places kept (nothing more is planned: batch 1 is not done)
+        # two rows wait; the rows after them get done, and every thread waits for a
+        # task with its place kept (nothing more is planned: batch 1 is not done)
         deadline = time.monotonic() + 20
-        while not 1 <= p.runtime.pool.running() <= 2 and time.monotonic() < deadline:
+        while not (1 <= p.runtime.pool.running() <= 2 and p.gate.held == 8) \
+                and time.monotonic() < deadline:
             time.sleep(0.01)
         busy = p.runtime.pool.running()
         assert 1 <= busy <= 2 and p.gate.held == 8, (busy, p.gate.held)
