@@ -174,6 +174,26 @@ def test_a_thread_count_past_the_pool_grows_it_and_close_joins_every_thread():
     assert not left, left
 
 
+def test_tasks_are_cut_for_the_threads_a_grown_pool_has():
+    """While candidates are measured, a batch is cut into tasks for the most threads
+    the duel runs, up to the pool's threads: those it has now, once it grew."""
+    from types import SimpleNamespace
+    from asyncfeed._engine.executors import ThreadRows
+    from asyncfeed._engine.taskpool import TaskPool
+    from asyncfeed._engine.tasksize import RowCost
+    cost = RowCost()
+    cost.record(10, 1e-3, 1e-3)  # 0.1 ms of CPU a row: 20 rows make a 2 ms task
+    duel = SimpleNamespace(exploring=True, decision=SimpleNamespace(most_threads=lambda: 8))
+    pool = TaskPool(2, "asyncfeed-test-grow")
+    try:
+        rows = ThreadRows(Gate(2), cost, pool, duel)  # type: ignore[arg-type]
+        assert rows.step(64) == 20  # two threads: a 2 ms task, under a thread's share
+        pool.grow(8)
+        assert rows.step(64) == 8  # eight threads: each its share of the batch
+    finally:
+        pool.shutdown()
+
+
 class Held:
     """Two rows of the second batch wait until the test lets them go; the rest cost
     nothing."""

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .chooser import Chooser
     from .processes.execution import Execution
     from .processes.stage import ProcessStage
+    from .taskpool import TaskPool
 
 __all__ = ["Executors", "InlineRows", "ProcessRows", "RowExecutor", "ThreadRows"]
 
@@ -58,11 +59,11 @@ class ThreadRows:
 
     mode = Mode.THREADS
 
-    def __init__(self, gate: Gate, row_cost: RowCost, num_threads: int,
+    def __init__(self, gate: Gate, row_cost: RowCost, pool: TaskPool,
                  chooser: Chooser | None = None) -> None:
         self.gate = gate
         self.row_cost = row_cost
-        self.num_threads = num_threads
+        self.pool = pool  # its size now: it grows where the search climbs past it
         self.chooser = chooser
 
     def step(self, n: int) -> int:
@@ -74,7 +75,7 @@ class ThreadRows:
             # second thread idle in the window that measures two; cut for all the
             # pool's threads, tiny rows would measure inline and one thread with
             # the cost of tasks many times smaller than they run settled
-            running = min(self.num_threads, self.chooser.decision.most_threads())
+            running = min(self.pool.size, self.chooser.decision.most_threads())
         if running <= 1:
             # one thread (or the consumer, inline): splitting the batch only adds
             # tasks (a queue hand-off, a report, the bookkeeping and a deferred write)
@@ -143,10 +144,10 @@ class Executors:
     chooser: Chooser | None = None         # picks among them (None: threads stay)
 
     @classmethod
-    def build(cls, *, gate: Gate, row_cost: RowCost, num_threads: int,
+    def build(cls, *, gate: Gate, row_cost: RowCost, pool: TaskPool,
               processes: ProcessRows | None = None,
               chooser: Chooser | None = None) -> Executors:
-        threads = ThreadRows(gate, row_cost, num_threads, chooser)
+        threads = ThreadRows(gate, row_cost, pool, chooser)
         return cls(threads, InlineRows(threads), processes, chooser)
 
     @property

@@ -420,7 +420,7 @@ class AsyncLoader(Generic[T_co]):
             gate=Gate(0 if current.mode is Mode.INLINE
                       else current.count if current.mode is Mode.THREADS
                       else self.num_threads),
-            row_cost=self._row_cost, num_threads=runtime.num_threads, chooser=chooser,
+            row_cost=self._row_cost, pool=runtime.pool, chooser=chooser,
             processes=ProcessRows(self._exec, base_seed, runtime.pool.quiet))
         pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,
                             layouts=self._layouts, runtime=runtime, memory=self._memory,

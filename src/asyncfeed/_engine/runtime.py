@@ -77,7 +77,6 @@ class Runtime:
         self._lock = threading.Lock()
         self._closed = False
         self._on_close: list[weakref.WeakMethod | Callable[[str], None]] = []
-        self.num_threads = num_threads
         # every decode thread starts now, while nothing else wants the GIL (started
         # while others decode, each start waits for the GIL: 10-20 ms to first batch)
         self.pool = TaskPool(num_threads, "asyncfeed-decode", initializer=one_intraop_thread)
@@ -103,11 +102,15 @@ class Runtime:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def num_threads(self) -> int:
+        """The decode pool's threads (more once it grew)."""
+        return self.pool.size
+
     def grow(self, n: int) -> None:
         """The decode pool grows to ``n`` threads (a thread count the chooser measures
         past the pool's; consumer thread).  Its threads are joined with the rest."""
         self.pool.grow(n)
-        self.num_threads = max(self.num_threads, self.pool.size)
 
     def _run_loop(self, started: threading.Event) -> None:
         loop = self.loop
