@@ -79,10 +79,10 @@ def test_threads_that_scaled_make_a_gil_reading_decode_and_name_the_threads():
     s = sleeping_rows()
     a = analyse(s, cores=2)
     assert a.bottleneck == "gil" and a.gil_share >= 0.15  # what the share alone reads
-    scaled = report(Mode.THREADS, 4, WAITING).threads_scaled()
-    b = with_outcome(a, scaled)
+    r = report(Mode.THREADS, 4, WAITING)
+    b = with_outcome(a, r)
     assert b.bottleneck == "decode" and b.gil_share == a.gil_share
-    text = explain(s, b, scaled=scaled)
+    text = explain(s, b, execution=r)
     assert "raise num_threads" in text and "4 threads ran the rows 2.1 times as fast as 2" \
         in text, text
     assert "GIL" not in text and len(re.findall(r"[.!?](?:\s|$)", text)) <= 3, text
@@ -117,16 +117,17 @@ def test_without_scaling_measured_the_verdict_stays():
     s = sleeping_rows()
     a = analyse(s, cores=2)
     assert with_outcome(a, None) is a
+    assert with_outcome(a, report(Mode.THREADS, 4, {threads(2): 600.0, threads(4): 700.0})) is a
     # "decode" and the others are left as they are
     busy = Snapshot(elapsed_s=10.0, stages=snap(decode=(100, 36.0, 19.0)), process_cpu_s=19.0,
                     cpu_threads_run_delay_s=17.0, wait_s=5.0, batches=100, samples=3200,
                     resources=THREADS, gil_held=0, gil_probes=1000)
     d = analyse(busy, cores=2)
     assert d.bottleneck == "decode"
-    scaled = ThreadScaling(2, 573.0, 4, 1180.0)
-    assert with_outcome(d, scaled) is d
+    r = report(Mode.THREADS, 4, WAITING)
+    assert with_outcome(d, r) is d
     # cores busy: the knob is a cheaper sample, whatever the threads measured
-    assert "raise num_threads" not in explain(busy, d, scaled=scaled)
+    assert "raise num_threads" not in explain(busy, d, execution=r)
 
 
 def test_the_progress_bars_last_word_heeds_the_scaling_as_stats_do():

@@ -26,6 +26,8 @@ from asyncfeed._engine.accounting import (ASSEMBLE, DECODE, FETCH, H2D, QUEUE, S
                                           Accounting, Resource, Snapshot, StageStats,
                                           analyse, gil_share, parse_cpu_line)
 from asyncfeed._engine.advice import explain
+from asyncfeed._engine.execution_report import ExecutionReport
+from asyncfeed._engine.policy import Mode, Reason
 from asyncfeed._engine.gilprobe import GilProbe
 from asyncfeed._memory.device import CopyTimes
 
@@ -712,7 +714,9 @@ def test_decode_advice_names_the_knob_the_readings_leave(decode, process_cpu, ru
                  batches=100, samples=3200, resources=THREADS, gil_held=0, gil_probes=1000)
     a = analyse(s, cores=2)
     assert a.bottleneck == "decode"
-    text = explain(s, a, inline=inline)
+    execution = ExecutionReport(Mode.INLINE if inline else Mode.THREADS, 0 if inline else 4,
+                                Reason.FASTER, (), 0.05)
+    text = explain(s, a, execution=execution)
     assert knob in text and 2 <= sentences(text) <= 3, text
     keys = ("the cores are busy", "raise num_threads", "machine's load", "no faster")
     assert [k for k in keys if k in text] == [k for k in keys if k in knob], text

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .accounting import Analysis, Snapshot
-from .execution_report import ThreadScaling
+from .execution_report import ExecutionReport, ThreadScaling
+from .policy import Mode
 
 __all__ = ["DatasetKnobs", "dataset_knobs", "explain", "with_outcome"]
 
@@ -81,23 +82,29 @@ def _per_item_ms(s: Snapshot, stage: str) -> float:
     return 1000.0 * st.wall_s / st.count if st is not None and st.count else 0.0
 
 
-def with_outcome(a: Analysis, scaled: ThreadScaling | None) -> Analysis:
-    """``a`` with what the pass measured: where the chosen threads ran the rows as many
-    times as fast as fewer threads as they are times as many (``scaled``), the GIL
-    did not hold them back, whatever their time off a core read (rows blocked in
-    ``__getitem__`` on storage or the network read as time off a core, as a wait for
-    the GIL does): a ``"gil"`` verdict becomes ``"decode"``."""
-    if a.bottleneck == "gil" and scaled is not None:
+def with_outcome(a: Analysis, execution: ExecutionReport | None) -> Analysis:
+    """``a`` with what the pass measured (``execution``: the loader's report, None
+    where nothing was measured): where the chosen threads ran the rows as many times
+    as fast as fewer threads as they are times as many
+    (:meth:`ExecutionReport.threads_scaled`), the GIL did not hold them back, whatever
+    their time off a core read (rows blocked in ``__getitem__`` on storage or the
+    network read as time off a core, as a wait for the GIL does): a ``"gil"`` verdict
+    becomes ``"decode"``.  Any other verdict is returned as it is."""
+    if a.bottleneck == "gil" and execution is not None \
+            and execution.threads_scaled() is not None:
         return replace(a, bottleneck="decode")
     return a
 
 
 def explain(s: Snapshot, a: Analysis, knobs: DatasetKnobs | None = None, *,
-            inline: bool = False, scaled: ThreadScaling | None = None) -> str:
+            execution: ExecutionReport | None = None) -> str:
     """Plain sentences on ``a.bottleneck`` with the figures behind it; ``knobs``: the
-    data set's own settings, when it is an ``ImageFolder``; ``inline``: the consumer's
-    thread loads the rows (no decode thread runs); ``scaled``: the pass measured its
-    threads scaling (:func:`with_outcome`), named where more threads is the knob."""
+    data set's own settings, when it is an ``ImageFolder``; ``execution``: the
+    loader's report, which says whether the consumer's thread loads the rows (inline:
+    no decode thread runs) and whether the threads measured scaling
+    (:func:`with_outcome`), named where more threads is the knob."""
+    inline = execution is not None and execution.mode is Mode.INLINE
+    scaled = execution.threads_scaled() if execution is not None else None
     waited = f"the training loop waited for data {a.wait_share:.0%} of the time"
     load = a.loads.get(a.limiting or "", 0.0)
     used = f"{a.cores_used:.1f} of {a.cores} cores"

@@ -46,9 +46,7 @@ def window_figures(window: Snapshot, cores: int,
     (``execution``: what the loader measured, as ``stats()`` heeds it)."""
     elapsed = max(window.elapsed_s, 1e-9)
     total = sum(max(0.0, st.wall_s) for st in window.stages.values()) or 1.0
-    a = analyse(window, cores)
-    if execution is not None:
-        a = with_outcome(a, execution.threads_scaled())
+    a = with_outcome(analyse(window, cores), execution)
     return {"samples_per_s": window.samples / elapsed,
             "batches": window.batches,
             "shares": {name: max(0.0, window.stages[name].wall_s) / total

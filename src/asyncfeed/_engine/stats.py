@@ -12,7 +12,6 @@ from .._io.hedge import CountsReads
 from .accounting import Accounting, Analysis, Snapshot, StageStats, analyse
 from .advice import DatasetKnobs, dataset_knobs, explain, with_outcome
 from .execution_report import ExecutionReport
-from .policy import Mode
 from .readahead import ReadAheadStats
 
 log = logging.getLogger("asyncfeed")
@@ -135,9 +134,7 @@ class LoaderStats:
         (the data set's own argument where it is an ``ImageFolder``)."""
         if self._reading is None:
             return "No batch has been delivered yet: there is nothing to explain."
-        inline = self.execution is not None and self.execution.mode is Mode.INLINE
-        scaled = self.execution.threads_scaled() if self.execution is not None else None
-        return explain(*self._reading, self._knobs, inline=inline, scaled=scaled)
+        return explain(*self._reading, self._knobs, execution=self.execution)
 
 
 def io_stats(dataset: Any, readahead: ReadAheadStats | None) -> IOStats:
@@ -163,9 +160,7 @@ def observe(acct: Accounting | None, cores: int, dataset: Any = None,
     if acct is None:
         return {}
     snap = acct.snapshot()
-    a = analyse(snap, cores)
-    if execution is not None:
-        a = with_outcome(a, execution.threads_scaled())
+    a = with_outcome(analyse(snap, cores), execution)
     return {"stages": dict(snap.stages), "gil_share": a.gil_share,
             "bottleneck": a.bottleneck, "_reading": (snap, a) if a.bottleneck else None,
             "_knobs": dataset_knobs(dataset)}
