@@ -91,7 +91,7 @@ class Pipeline(BatchHandoff):
                                acct=self.acct, cond=self.cond)
         use_getitems = caps.getitems is not None and config.auto_collation
         self.ring_ok = config.default_collate and config.auto_collation and not use_getitems
-        self._getitems = caps.getitems if use_getitems else None
+        self._use_getitems = use_getitems
         self.use_fetch = caps.use_fetch
         # with reads on the loop, the plan is drawn ahead of the decode window and
         # its reads started (see readahead.py); readahead_bytes=0 turns that off
@@ -237,7 +237,7 @@ class Pipeline(BatchHandoff):
         return b
 
     def _mode_for(self) -> BatchMode:
-        if self._getitems is not None:
+        if self._use_getitems:
             return BatchMode.BATCH
         if self.ring_ok and self.layouts.layout is not None:
             return BatchMode.RING
@@ -283,7 +283,7 @@ class Pipeline(BatchHandoff):
             return
         t = self.acct.begin()
         try:
-            b.samples = self._getitems(b.indices)  # type: ignore[misc]  # handed to collate_fn as is
+            b.samples = self.rows.getitems(b.indices)  # type: ignore[misc]  # handed to collate_fn as is
         except BaseException as e:  # noqa: BLE001
             b.error = e
         end = self.acct.end(DECODE, t, b.n)
@@ -459,7 +459,7 @@ class Pipeline(BatchHandoff):
         :meth:`wait`): rows run inline and are read in this process by
         ``__getitem__`` (no fetch stage, no ``__getitems__``, no process stage)."""
         return self.inline and self.stage is None and self.fetching is None \
-            and self._getitems is None
+            and not self._use_getitems
 
     def wait(self, k: int | None, timeout: float | None) -> Batch | None:
         """As ``BatchHandoff.wait``.  Where the consumer loads the batches itself

@@ -120,7 +120,7 @@ def _get_rows(p: RowHost, b: Batch, lo: int, hi: int) -> list[int] | None:
     """``dataset[idx]`` for rows ``lo..hi`` of ``b``, kept in ``b.samples``; the
     rows that failed (noted), None when none did, ``_STOPPED`` when the pass
     stopped meanwhile."""
-    get = p.rows.dataset.__getitem__
+    get = p.rows.getitem
     samples, indices = b.samples, b.indices
     failed: list[int] | None = None
     for row in range(lo, hi):

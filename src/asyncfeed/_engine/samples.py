@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._memory.layout import Layout, LayoutMismatch
 from .accounting import DECODE, FETCH, Accounting
 from .batch import NO_RAW, WRITTEN, Batch, BatchMode
+from .firstcall import retry_racing_first
 from .rowwrite import FlatWriter, write_one
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,17 +65,30 @@ class SampleRows:
     """Loads the samples of one pass and puts them into their rows (any thread).
 
     ``cond`` is the pass's lock: it guards a batch's ``failures`` and the moment
-    a ring batch takes its host buffers."""
+    a ring batch takes its host buffers.  ``getitem`` and ``getitems`` are the
+    dataset's ``__getitem__`` and ``__getitems__`` (None without one); a call that
+    raced the pass's first call of one and raised is made once more after it
+    (:func:`~.firstcall.retry_racing_first`)."""
 
     def __init__(self, *, dataset: Any, caps: Capabilities, layouts: LayoutHolder,
                  memory: BatchMemory, acct: Accounting, cond: threading.Condition) -> None:
         self.dataset = dataset
         self.caps = caps
+        self.getitem: Callable[[Any], Any] = retry_racing_first(dataset.__getitem__,
+                                                                self._settle_getitem)
+        self.getitems: Callable[[list[Any]], Any] | None = None if caps.getitems is None \
+            else retry_racing_first(caps.getitems, self._settle_getitems)
         self.layouts = layouts
         self.memory = memory
         self.acct = acct
         self.cond = cond
         self._writer: tuple[Layout, FlatWriter | None] | None = None
+
+    def _settle_getitem(self, fn: Callable[[Any], Any]) -> None:
+        self.getitem = fn
+
+    def _settle_getitems(self, fn: Callable[[list[Any]], Any]) -> None:
+        self.getitems = fn
 
     def writer_for(self, layout: Layout) -> FlatWriter | None:
         """The pass's flat writer for ``layout`` (made once per layout; None when
@@ -113,7 +127,7 @@ class SampleRows:
         t = acct.begin()
         if raw is NO_RAW:
             if caps.read is None:
-                sample = self.dataset[idx]
+                sample = self.getitem(idx)
                 acct.end(DECODE, t)
                 return sample
             raw = caps.read(idx)

@@ -1,0 +1,66 @@
+"""Calls that raced a pass's first call into the dataset's code, retried once.
+
+DataLoader's idiom for a resource that must not cross a fork (an LMDB environment,
+an HDF5 file, a client, an index built from a file) opens it on first use::
+
+    def __getitem__(self, i):
+        if self.env is None:
+            self.env = lmdb.open(self.path, readonly=True, lock=False)
+
+In a worker process one thread makes that first call.  In decode threads several
+make it at once: LMDB refuses a second open of one environment in a process, and
+an index filled in place is seen half-filled (a ``KeyError``) by the threads that
+find it no longer ``None``.  So a call that started while the pass's first call
+was still running and raised is made once more, after the first call returned or
+raised: by then the resource is open.  Nothing waits otherwise: a slow first
+sample holds back no other (``in_order=False`` still delivers the others first),
+and a sample that fails for its own reasons fails again, and is reported as it
+would have been.
+
+This mends the idiom's race where it raises; it does not make code that shares
+other mutable state thread-safe (``docs/migrating.md``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["retry_racing_first"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def retry_racing_first(fn: F, settle: Callable[[F], None]) -> F:
+    """``fn``, wrapped: its first call runs as it is; a call that starts before the
+    first call has returned (or raised) and raises an ``Exception`` waits for the
+    first call to end, then is made once more, and what that second try returns
+    or raises is the call's outcome.  When the first call has ended,
+    ``settle(fn)`` is called (the owner swaps the wrapper for ``fn`` itself, so
+    later calls cost nothing).  A failed racing call waits as long as a first
+    call that never returns (whose batch is then stuck anyway: the loader's
+    ``timeout`` applies); a call that does not fail never waits."""
+    lock = threading.Lock()
+    first_ended = threading.Event()
+    started = False
+
+    def call(*args: Any) -> Any:
+        nonlocal started
+        if first_ended.is_set():
+            return fn(*args)
+        with lock:
+            mine, started = not started, True
+        if mine:
+            try:
+                return fn(*args)
+            finally:
+                first_ended.set()
+                settle(fn)
+        try:
+            return fn(*args)
+        except Exception:  # noqa: BLE001 - perhaps the race: tried again below
+            first_ended.wait()
+        return fn(*args)
+
+    return call  # type: ignore[return-value]
