@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from asyncfeed import AsyncLoader
 from asyncfeed._engine.firstcall import retry_racing_first
 from support.executions import on
+from support.oracle import assert_same_batches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,10 +89,6 @@ def dataloader_batches(ds: Dataset) -> list:
                            generator=torch.Generator().manual_seed(3)))
 
 
-def same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
-                                    for x, y in zip(a, b))
-
 
 @pytest.mark.parametrize("make", [
     lambda tag: OpensOnFirstUse(64, f"/envs/{tag}"),
@@ -106,7 +103,7 @@ def test_a_data_set_that_opens_on_first_use_gives_dataloaders_batches(execution,
                      generator=torch.Generator().manual_seed(3), **on(execution)) as al:
         got = list(al)
         stats = al.stats()
-    assert same(got, want)
+    assert_same_batches(got, want)
     assert stats.skipped == []
 
 

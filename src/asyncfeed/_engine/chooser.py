@@ -174,6 +174,10 @@ class Chooser:
         # process still warms up sit below what it reads a second later
         self._baseline: list[float] = []
         self._requested: Candidate | None = None
+        self._requested_reason = Reason.FIXED
+        # whether the data set is bound to the consumer's thread (its rows fail in
+        # decode threads): None until a failed row was checked (see .threadbound)
+        self.thread_bound: bool | None = None
         self._stalled = False  # the last window closed saw a full collection
 
     # ------------------------------------------------------------------ passes
@@ -196,12 +200,12 @@ class Chooser:
                 self._carried = self._carried.plus(
                     w0, _Mark.now(control, *control.completed()))
 
-    def request(self, candidate: Candidate) -> None:
+    def request(self, candidate: Candidate, reason: Reason = Reason.FIXED) -> None:
         """Run ``candidate`` from now on, nothing measured any more (any thread; the
-        consumer applies it the next time it waits or takes a batch).  For
-        callers that know better than a measurement, and for tests that switch
-        at a chosen moment."""
-        self._requested = candidate
+        consumer applies it the next time it waits or takes a batch), ``reason``
+        then the report's.  For callers that know better than a measurement, and
+        for tests that switch at a chosen moment."""
+        self._requested, self._requested_reason = candidate, reason
         control = self._control
         if control is not None:
             control.call_waiting(self._take_request)
@@ -214,7 +218,7 @@ class Chooser:
         if control.apply(c):
             self.current = c
             self.fixed = True
-            self.decision = fixed(c)
+            self.decision = fixed(c, self._requested_reason)
         elif self._requested is None:
             self._requested = c  # not now (the fork must wait): at a later tick
 

@@ -116,6 +116,9 @@ class ExecutionReport:
             Reason.HANDOFF: "processes cannot beat it",
             Reason.CONSUMER: "it keeps up with the consumer",
             Reason.UNAVAILABLE: "worker processes could not start",
+            Reason.THREAD_BOUND: "the data set's rows failed in decode threads and loaded "
+                                 "in the consumer's thread: it holds an object bound to "
+                                 "the thread that made it",
         }[self.reason]
         parts = [why]
         if rates:

@@ -353,6 +353,13 @@ class BatchHandoff:
         """Pin or start the device copy of a host batch; returns (batch, event)."""
         return transfer.to_target(self.copy, self.pin_host, host)
 
+    def retry_failed_here(self, b: Batch) -> bool:
+        """(consumer thread) Load again in this thread the rows of ``b`` that failed
+        elsewhere, where that is known to help; whether any row was loaded here
+        (then they are in ``b.good_samples_host``, and left ``b.failures``).  None
+        is here; the map-style pass's does it (see ``threadbound``)."""
+        return False
+
     def good_samples(self, b: Batch) -> list[tuple[Any, Any]]:
         """(index, host sample) of every sample of ``b`` that loaded, in batch order."""
         failed = {r for r, _, _ in b.failures}

@@ -174,6 +174,10 @@ class _Iterator:
             if b.failures and b.output is not None:      # iterable stream, skipping
                 ctx.skips.record(b, ctx.epoch)
             elif b.failures:
+                if self._p.retry_failed_here(b) and not b.failures:
+                    good = b.good_samples_host  # every row loaded, some of them here
+                    _let_go(b)
+                    return self._emit([s for _, s in good])
                 fatal = [f for f in b.failures if f[2] is not None and is_fatal(f[2])]
                 if ctx.on_error == "raise" or fatal:
                     row, idx, e = fatal[0] if fatal else min(b.failures, key=lambda f: f[0])
@@ -197,6 +201,7 @@ class _Iterator:
             if not b.failures:
                 self._emitted += 1
                 return self._deliver(b)
+            p.retry_failed_here(b)
             ctx.skips.record(b, ctx.epoch)
             self._set_carry(self._carry + b.good_samples_host)
             _let_go(b)
@@ -209,6 +214,7 @@ class _Iterator:
                 break
             if b.error is not None:
                 raise _batch_error(ctx.dataset, b)
+            p.retry_failed_here(b)
             ctx.skips.record(b, ctx.epoch)
             self._set_carry(self._carry + b.good_samples_host)
             _let_go(b)

@@ -56,6 +56,7 @@ from .runtime import Runtime
 from . import gcpauses, rowtasks, samples
 from .samples import LayoutHolder, SampleRows
 from .tasksize import Gate
+from .threadbound import retry_here
 
 log = logging.getLogger("asyncfeed")
 
@@ -288,6 +289,11 @@ class Pipeline(BatchHandoff):
             b.error = e
         end = self.acct.end(DECODE, t, b.n)
         self.rows_done(b, 0, b.n, end[1] - t[1])  # all its rows, as one task of rows
+
+    def retry_failed_here(self, b: Batch) -> bool:
+        """(consumer thread) The failed rows of ``b`` loaded again here where the data
+        set is bound to this thread; whether any was (:func:`.threadbound.retry_here`)."""
+        return self._chooser is not None and retry_here(b, self.rows.dataset, self._chooser)
 
     # ------------------------------------------------------------- execution
     def start(self) -> None:

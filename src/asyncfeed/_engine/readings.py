@@ -67,6 +67,7 @@ class Reason(str, enum.Enum):
     HANDOFF = "handoff"              # rows would travel back from processes too dearly
     CONSUMER = "consumer"            # it keeps up with the consumer: nothing dearer can win
     UNAVAILABLE = "unavailable"      # the process candidate could not start
+    THREAD_BOUND = "thread_bound"    # rows failed in decode threads, loaded in the consumer's
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""Data sets bound to the thread that made them: their rows fail in decode threads.
+
+Some objects may be used only in the thread that created them: a ``sqlite3``
+connection opened in ``__init__`` raises ``ProgrammingError`` in any other thread.
+DataLoader runs such a data set in the consumer's thread (``num_workers=0``) or in
+worker processes forked from it (the forking thread goes on in the child, with the
+same thread id), and both work; in decode threads every row fails.
+
+With ``execution="auto"`` (a chooser with candidates to measure), the consumer
+looks at the first failed row of a map-style batch before raising or skipping it:
+
+1. it loads the row itself; if that fails too, the row is bad for its own reasons:
+   nothing changes, now or later in the loader's life;
+2. if it loads, it loads the row once more in a new thread; if that loads, the
+   failure was a passing one (a flaky read): nothing changes either, and the
+   failure stands as it was;
+3. if it fails in the new thread, the data set is bound to the consumer's thread:
+   the chooser is told to run rows where the consumer's thread runs them (inline,
+   or, where inline may not run, worker processes), and from then on every row
+   that failed elsewhere is loaded again here before it counts as failed; the
+   batch then holds the rows loaded here, in their places.
+
+So the finding costs one row loaded twice more, once per loader, and a data set
+whose rows fail for their own reasons is never slowed by it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .._errors import is_fatal
+from .batch import Batch, BatchMode
+from .chooser import Chooser
+from .policy import INLINE, Candidate, Reason
+
+__all__ = ["fallback", "retry_here"]
+
+
+def fallback(chooser: Chooser) -> Candidate | None:
+    """Where rows bound to the consumer's thread can run: inline where it may run,
+    else the process candidate; None where neither may (the user fixed the
+    execution, or no candidate runs rows in the consumer's thread)."""
+    space = chooser.space
+    if space is None or chooser.fixed:
+        return None
+    if space.inline:
+        return INLINE
+    return space.process
+
+
+def retry_here(b: Batch, dataset: Any, chooser: Chooser) -> bool:
+    """(consumer thread) Load again here the failed rows of ``b`` where the data set
+    is bound to this thread (found as the module says): the rows that load leave
+    ``b.failures`` and join ``b.good_samples_host`` in their places; the others keep
+    failing, with what they raised here.  Returns whether it loaded rows here (the
+    batch's own output then lacks them: it is made from ``b.good_samples_host``).
+    Does nothing for a batch loaded whole (``__getitems__``), for a fatal failure,
+    or once the loader found the data set not bound."""
+    if not b.failures or b.mode not in (BatchMode.RING, BatchMode.COLLATE) \
+            or chooser.thread_bound is False:
+        return False
+    loaded: dict[int, Any] = {}
+    if chooser.thread_bound is None:
+        row, idx, e = min(b.failures, key=lambda f: f[0])
+        where = fallback(chooser)
+        if where is None or e is None or is_fatal(e):
+            return False
+        try:
+            loaded[row] = dataset[idx]
+        except Exception:  # noqa: BLE001 - a bad row: it fails here too
+            chooser.thread_bound = False
+            return False
+        if _loads_in_a_new_thread(dataset, idx):
+            chooser.thread_bound = False  # a passing failure: it stands
+            return False
+        chooser.thread_bound = True
+        chooser.request(where, Reason.THREAD_BOUND)
+    still: list[tuple[int, Any, BaseException | None]] = []
+    for row, idx, e in b.failures:
+        if row in loaded:
+            continue
+        try:
+            loaded[row] = dataset[idx]
+        except Exception as again:  # noqa: BLE001 - fails here too: a bad row
+            still.append((row, idx, again))
+    good = iter(b.good_samples_host)
+    failed = {row for row, _, _ in still}
+    merged = []
+    for row, idx in enumerate(b.indices):
+        if row in loaded:
+            merged.append((idx, loaded[row]))
+        elif row not in failed:
+            merged.append(next(good))
+    b.good_samples_host, b.failures = merged, still
+    return bool(loaded)
+
+
+def _loads_in_a_new_thread(dataset: Any, idx: Any) -> bool:
+    """Whether ``dataset[idx]`` loads in a thread of its own (started and joined
+    here; a row that hangs there hangs the consumer with it, as it would inline)."""
+    result: list[bool] = []
+
+    def load() -> None:
+        try:
+            dataset[idx]
+        except Exception:  # noqa: BLE001 - the answer, not an error
+            result.append(False)
+        else:
+            result.append(True)
+
+    t = threading.Thread(target=load, name="asyncfeed-thread-check")
+    t.start()
+    t.join()
+    return bool(result and result[0])
