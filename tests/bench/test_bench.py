@@ -340,7 +340,7 @@ def test_the_benchmarks_page_is_generated_from_the_committed_json(capsys):
         assert f.read() == page, "docs/benchmarks.md is stale: regenerate it with --markdown"
     # about 250 lines for the workloads (with the training-augmentation one and its
     # torchvision rows), and the outcome bench's one table after them (two rows and
-    # two lines of choices for each of its nine data sets)
+    # two lines of choices for each of its ten data sets)
     assert len(page.splitlines()) <= 330
     assert "## The execution choice on data sets written as users write them" in page
     data = json.load(open(os.path.join(ROOT, json_path)))

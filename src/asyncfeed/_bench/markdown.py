@@ -108,7 +108,8 @@ _OUTCOME = """\
 `bench/outcome.py` runs data sets the workloads above do not cover (`asyncfeed._bench.userdata`:
 dict samples with a custom `collate_fn`, Python tokenisation, small arrays with a per-sample
 generator, pure-Python rows, GIL-free hashing, Pillow augmentation, NumPy spectrograms,
-reads that block in `__getitem__`), each contender in a fresh process per round:
+reads that block in `__getitem__`, a `sqlite3` connection opened in `__init__`, which only
+the thread that opened it may use), each contender in a fresh process per round:
 DataLoader with `num_workers` 0, 2, 4 (and 8, 16 on the set whose rows wait, as its user
 would try), and AsyncLoader's defaults for three epochs (the first pays for measuring
 the candidates).

@@ -30,6 +30,10 @@ seeded by the index), so every loader yields the same batches for the same order
 * ``slow-reads``: rows that block 3 ms in ``__getitem__`` (a read from slow storage or
   the network, the GIL released), then turn 4 KiB of per-sample bytes into float32:
   the rate grows with the rows in flight, not with the cores; batch 32.
+* ``sqlite``: 64x64x3 uint8 images stored as blobs in a SQLite file written once into a
+  work folder, read through a ``sqlite3`` connection the data set opens in ``__init__``
+  (usable only in the thread that opened it, and in a child forked from it), flipped
+  for half the samples and normalised to float32 CHW; batch 64.
 * ``phased``: an epoch whose first half (in time, with ``num_workers=0``) is
   ``cifar-rng``'s cheap rows and whose second half is the pure-Python function: the cost changes mid-epoch
   (the sample order puts the cheap indices first); batch 32.
@@ -45,6 +49,7 @@ import hashlib
 import io
 import os
 import random
+import sqlite3
 import string
 import time
 from dataclasses import dataclass
@@ -438,6 +443,52 @@ class PhasedCost(Dataset):
                 + (self.cheap + rng.permutation(self.costly)).tolist())
 
 
+def ensure_sqlite_file(parent: str, n: int, seed: int = 0) -> str:
+    """A SQLite file of ``n`` rows ``(i, label, pixels)`` (64x64x3 uint8 blobs from
+    ``seed``) under ``parent``, written once (renamed into place when complete)."""
+    path = os.path.join(parent, f"rows-{n}-{seed}.sqlite")
+    if not os.path.exists(path):
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        rng = np.random.default_rng(seed)
+        conn = sqlite3.connect(tmp)
+        conn.execute("create table rows (i integer primary key, label integer, pixels blob)")
+        conn.executemany("insert into rows values (?, ?, ?)",
+                         ((i, int(rng.integers(10)),
+                           rng.integers(0, 256, SQLITE_SHAPE, dtype=np.uint8).tobytes())
+                          for i in range(n)))
+        conn.commit()
+        conn.close()
+        os.replace(tmp, path)
+    return path
+
+
+SQLITE_SHAPE = (64, 64, 3)
+
+
+class SqliteRows(Dataset):
+    """Images read from a SQLite file through a connection opened in ``__init__``, as
+    users write it: ``sqlite3`` lets only the thread that opened a connection use it.
+    Flipped for half the samples (by the index), normalised to float32 CHW."""
+
+    def __init__(self, path: str, seed: int = 0) -> None:
+        self.seed = seed
+        self.conn = sqlite3.connect(path)
+        (self.n,) = self.conn.execute("select count(*) from rows").fetchone()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        label, blob = self.conn.execute("select label, pixels from rows where i = ?",
+                                        (index,)).fetchone()
+        img = np.frombuffer(blob, dtype=np.uint8).reshape(SQLITE_SHAPE)
+        if _coin(self.seed, index):
+            img = img[:, ::-1]
+        chw = np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32)
+        return torch.from_numpy(chw / 255.0 - 0.5), label
+
+
 def tensor_rows(n: int, seed: int = 0, features: int = 64) -> TensorDataset:
     """``TensorDataset(features, labels)``: ``n`` rows of ``features`` float32 values
     and an int64 label in ten classes, drawn from ``seed``."""
@@ -486,6 +537,9 @@ DATASETS: dict[str, UserSet] = {s.name: s for s in (
             "default collate", 256, 327680, 1024, ""),
     UserSet("slow-reads", "rows that block 3 ms in __getitem__ (a read from slow storage, "
             "the GIL released), then 4 KiB to float32", 32, 1536, 64, "threads", (8, 16)),
+    UserSet("sqlite", "64x64x3 images from a SQLite file through a sqlite3 connection "
+            "opened in __init__ (usable only in the thread that opened it), flipped, "
+            "float CHW out", 64, 16384, 256, "inline"),
     UserSet("phased", "first half of the epoch cheap numpy rows, second half pure Python "
             "(the cost changes mid-epoch)", 32, 12288 + 768, 256 + 32, ""),
 )}
@@ -522,6 +576,9 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
         ds = tensor_rows(samples, seed)
     elif name == "slow-reads":
         ds = SlowReads(samples, seed)
+    elif name == "sqlite":
+        parent = workdir or os.path.join(os.environ.get("TMPDIR", "/tmp"), "asyncfeed-outcome")
+        ds = SqliteRows(ensure_sqlite_file(parent, min(samples, 2048), seed), seed)
     else:  # phased
         costly = 768 if not quick else 32
         phased = PhasedCost(samples - costly, costly, seed)

@@ -19,6 +19,7 @@ worker processes' results) uses to turn an index into a row of its batch:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +62,14 @@ class LayoutHolder:
                 self.decided = True
 
 
+def _settle(ref: weakref.ReferenceType[SampleRows], name: str, fn: Callable[..., Any]) -> None:
+    """The dataset's own method ``fn`` in place of its wrapper ``name`` (the first
+    call ended), where the rows object still lives."""
+    rows = ref()
+    if rows is not None:
+        setattr(rows, name, fn)
+
+
 class SampleRows:
     """Loads the samples of one pass and puts them into their rows (any thread).
 
@@ -74,21 +83,18 @@ class SampleRows:
                  memory: BatchMemory, acct: Accounting, cond: threading.Condition) -> None:
         self.dataset = dataset
         self.caps = caps
-        self.getitem: Callable[[Any], Any] = retry_racing_first(dataset.__getitem__,
-                                                                self._settle_getitem)
+        # the wrappers reach this object weakly: a bound method of it would make a
+        # cycle (it holds them) that only the garbage collector frees
+        me = weakref.ref(self)
+        self.getitem: Callable[[Any], Any] = retry_racing_first(
+            dataset.__getitem__, lambda fn: _settle(me, "getitem", fn))
         self.getitems: Callable[[list[Any]], Any] | None = None if caps.getitems is None \
-            else retry_racing_first(caps.getitems, self._settle_getitems)
+            else retry_racing_first(caps.getitems, lambda fn: _settle(me, "getitems", fn))
         self.layouts = layouts
         self.memory = memory
         self.acct = acct
         self.cond = cond
         self._writer: tuple[Layout, FlatWriter | None] | None = None
-
-    def _settle_getitem(self, fn: Callable[[Any], Any]) -> None:
-        self.getitem = fn
-
-    def _settle_getitems(self, fn: Callable[[list[Any]], Any]) -> None:
-        self.getitems = fn
 
     def writer_for(self, layout: Layout) -> FlatWriter | None:
         """The pass's flat writer for ``layout`` (made once per layout; None when

@@ -66,24 +66,25 @@ def retry_here(b: Batch, dataset: Any, chooser: Chooser) -> bool:
         where = fallback(chooser)
         if where is None or e is None or is_fatal(e):
             return False
-        try:
-            loaded[row] = dataset[idx]
-        except Exception:  # noqa: BLE001 - a bad row: it fails here too
+        ok, got = _load_here(dataset, idx)
+        if not ok:  # a bad row: it fails here too
             chooser.thread_bound = False
             return False
+        loaded[row] = got
         if _loads_in_a_new_thread(dataset, idx):
             chooser.thread_bound = False  # a passing failure: it stands
             return False
         chooser.thread_bound = True
         chooser.request(where, Reason.THREAD_BOUND)
     still: list[tuple[int, Any, BaseException | None]] = []
-    for row, idx, e in b.failures:
+    for row, idx, _ in b.failures:
         if row in loaded:
             continue
-        try:
-            loaded[row] = dataset[idx]
-        except Exception as again:  # noqa: BLE001 - fails here too: a bad row
-            still.append((row, idx, again))
+        ok, got = _load_here(dataset, idx)
+        if ok:
+            loaded[row] = got
+        else:  # fails here too: a bad row
+            still.append((row, idx, got))
     good = iter(b.good_samples_host)
     failed = {row for row, _, _ in still}
     merged = []
@@ -94,6 +95,16 @@ def retry_here(b: Batch, dataset: Any, chooser: Chooser) -> bool:
             merged.append(next(good))
     b.good_samples_host, b.failures = merged, still
     return bool(loaded)
+
+
+def _load_here(dataset: Any, idx: Any) -> tuple[bool, Any]:
+    """``(True, dataset[idx])``, or ``(False, what it raised)``.  A frame of its own:
+    the exception's traceback holds this frame, not the caller's (whose locals hold
+    the batch and the other failures: a cycle only the garbage collector frees)."""
+    try:
+        return True, dataset[idx]
+    except Exception as e:  # noqa: BLE001 - the row's failure, handed back
+        return False, e
 
 
 def _loads_in_a_new_thread(dataset: Any, idx: Any) -> bool:
