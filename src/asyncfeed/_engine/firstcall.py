@@ -11,11 +11,12 @@ In a worker process one thread makes that first call.  In decode threads several
 make it at once: LMDB refuses a second open of one environment in a process, and
 an index filled in place is seen half-filled (a ``KeyError``) by the threads that
 find it no longer ``None``.  So a call that started while the pass's first call
-was still running and raised is made once more, after the first call returned or
-raised: by then the resource is open.  Nothing waits otherwise: a slow first
-sample holds back no other (``in_order=False`` still delivers the others first),
-and a sample that fails for its own reasons fails again, and is reported as it
-would have been.
+was still running and raised is made once more, once that first call has
+returned: by then the resource is open.  Where the first call raised instead,
+there was nothing to wait for, and the racing calls' failures stand as they are.
+Nothing waits otherwise: a slow first sample holds back no other
+(``in_order=False`` still delivers the others first), and a sample that fails for
+its own reasons fails again, and is reported as it would have been.
 
 This mends the idiom's race where it raises; it does not make code that shares
 other mutable state thread-safe (``docs/migrating.md``).
@@ -34,9 +35,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def retry_racing_first(fn: F, settle: Callable[[F], None]) -> F:
     """``fn``, wrapped: its first call runs as it is; a call that starts before the
-    first call has returned (or raised) and raises an ``Exception`` waits for the
-    first call to end, then is made once more, and what that second try returns
-    or raises is the call's outcome.  When the first call has ended,
+    first call has ended and raises an ``Exception`` waits for the first call to
+    end; if that returned, the call is made once more, and what the second try
+    returns or raises is its outcome; if that raised, what the call raised stands.
+    When the first call has ended,
     ``settle(fn)`` is called (the owner swaps the wrapper for ``fn`` itself, so
     later calls cost nothing).  A failed racing call waits as long as a first
     call that never returns (whose batch is then stuck anyway: the loader's
@@ -44,16 +46,19 @@ def retry_racing_first(fn: F, settle: Callable[[F], None]) -> F:
     lock = threading.Lock()
     first_ended = threading.Event()
     started = False
+    first_returned = False
 
     def call(*args: Any) -> Any:
-        nonlocal started
+        nonlocal started, first_returned
         if first_ended.is_set():
             return fn(*args)
         with lock:
             mine, started = not started, True
         if mine:
             try:
-                return fn(*args)
+                out = fn(*args)
+                first_returned = True
+                return out
             finally:
                 first_ended.set()
                 settle(fn)
@@ -61,6 +66,8 @@ def retry_racing_first(fn: F, settle: Callable[[F], None]) -> F:
             return fn(*args)
         except Exception:  # noqa: BLE001 - perhaps the race: tried again below
             first_ended.wait()
+            if not first_returned:
+                raise
         return fn(*args)
 
     return call  # type: ignore[return-value]

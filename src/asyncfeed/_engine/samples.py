@@ -76,7 +76,7 @@ class SampleRows:
     ``cond`` is the pass's lock: it guards a batch's ``failures`` and the moment
     a ring batch takes its host buffers.  ``getitem`` and ``getitems`` are the
     dataset's ``__getitem__`` and ``__getitems__`` (None without one); a call that
-    raced the pass's first call of one and raised is made once more after it
+    raced the pass's first call of one and raised is made once more after it returned
     (:func:`~.firstcall.retry_racing_first`)."""
 
     def __init__(self, *, dataset: Any, caps: Capabilities, layouts: LayoutHolder,
