@@ -115,6 +115,21 @@ def test_in_threads_the_first_call_opens_once_and_later_passes_run_side_by_side(
     assert (os.getpid(), "/envs/threads-once") in _OPEN  # opened here, once: no error
 
 
+def test_after_a_first_call_returned_later_passes_call_the_dataset_directly():
+    """The loader's first pass wraps ``__getitem__``; once a first call returned (the
+    resource open), the later passes call the bound method, nothing in between."""
+    ds = OpensOnFirstUse(16, "/envs/later-passes")
+    with AsyncLoader(ds, batch_size=4, num_threads=2, execution="threads") as al:
+        it = iter(al)
+        rows = it._p.rows  # type: ignore[attr-defined]
+        assert rows.getitem != ds.__getitem__  # wrapped until the first call ends
+        assert len(list(it)) == 4
+        assert rows.getitem == ds.__getitem__  # swapped for the method itself
+        later = iter(al)
+        assert later._p.rows.getitem == ds.__getitem__  # type: ignore[attr-defined]
+        assert len(list(later)) == 4
+
+
 def racing(first_blocks: threading.Event, first_in: threading.Event, fails: set[str],
            calls: list[str]):
     """A function whose call "first" blocks until released; the tags in ``fails``
@@ -139,7 +154,7 @@ def test_a_call_that_raced_the_first_and_raised_is_made_again_after_it():
     calls: list[str] = []
     fn = racing(release, first_in, {"racer"}, calls)
     settled: list[object] = []
-    wrapped = retry_racing_first(fn, settled.append)
+    wrapped = retry_racing_first(fn, lambda f, ok: settled.append((f, ok)))
     out: dict[str, object] = {}
     first = threading.Thread(target=lambda: out.setdefault("first", wrapped("first")))
     first.start()
@@ -154,7 +169,7 @@ def test_a_call_that_raced_the_first_and_raised_is_made_again_after_it():
     racer.join(5)
     assert out == {"first": "first", "racer": "racer"}
     assert calls == ["first", "racer", "quick", "racer"]
-    assert settled == [fn]  # the owner swaps the wrapper for fn itself
+    assert settled == [(fn, True)]  # the owner swaps the wrapper for fn itself
 
 
 def test_a_call_that_fails_after_the_first_ended_is_not_made_again():
@@ -167,8 +182,8 @@ def test_a_call_that_fails_after_the_first_ended_is_not_made_again():
         return i
 
     settled: list[object] = []
-    wrapped = retry_racing_first(fn, settled.append)
-    assert wrapped(0) == 0 and settled == [fn]
+    wrapped = retry_racing_first(fn, lambda f, ok: settled.append((f, ok)))
+    assert wrapped(0) == 0 and settled == [(fn, True)]
     with pytest.raises(ValueError, match="bad sample -1"):
         wrapped(-1)
     assert calls == [0, -1]
@@ -186,7 +201,8 @@ def test_where_the_first_call_raises_the_racing_failures_stand():
 
     calls: list[str] = []
     settled: list[object] = []
-    wrapped = retry_racing_first(lambda t: calls.append(t) or fn(t), settled.append)
+    wrapped = retry_racing_first(lambda t: calls.append(t) or fn(t),
+                                 lambda f, ok: settled.append(ok))
     errors: dict[str, BaseException] = {}
 
     def run(tag: str) -> None:
@@ -206,4 +222,5 @@ def test_where_the_first_call_raises_the_racing_failures_stand():
     first.join(5)
     racer.join(5)
     assert isinstance(errors["first"], ValueError) and isinstance(errors["racer"], KeyError)
-    assert calls == ["first", "racer"] and len(settled) == 1  # not made again
+    assert calls == ["first", "racer"]  # not made again
+    assert settled == [False]  # the first call raised: the loader's later passes wrap too

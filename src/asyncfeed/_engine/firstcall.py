@@ -18,6 +18,10 @@ Nothing waits otherwise: a slow first sample holds back no other
 (``in_order=False`` still delivers the others first), and a sample that fails for
 its own reasons fails again, and is reported as it would have been.
 
+Only a loader's passes up to the first whose first call returned are wrapped
+(:class:`FirstCall`): the resource is open from then on, and the later passes call
+the dataset's own method, so a bad row is called once there whatever it races.
+
 This mends the idiom's race where it raises; it does not make code that shares
 other mutable state thread-safe (``docs/migrating.md``).
 """
@@ -28,21 +32,31 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["retry_racing_first"]
+__all__ = ["FirstCall", "retry_racing_first"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def retry_racing_first(fn: F, settle: Callable[[F], None]) -> F:
+class FirstCall:
+    """A loader's record of whether a first call of one of its passes into the
+    dataset's code has returned (consumer and decode threads; a flag only ever
+    set)."""
+
+    def __init__(self) -> None:
+        self.returned = False
+
+
+def retry_racing_first(fn: F, settle: Callable[[F, bool], None]) -> F:
     """``fn``, wrapped: its first call runs as it is; a call that starts before the
     first call has ended and raises an ``Exception`` waits for the first call to
     end; if that returned, the call is made once more, and what the second try
     returns or raises is its outcome; if that raised, what the call raised stands.
     When the first call has ended,
-    ``settle(fn)`` is called (the owner swaps the wrapper for ``fn`` itself, so
-    later calls cost nothing).  A failed racing call waits as long as a first
-    call that never returns (whose batch is then stuck anyway: the loader's
-    ``timeout`` applies); a call that does not fail never waits."""
+    ``settle(fn, returned)`` is called (the owner swaps the wrapper for ``fn``
+    itself, so later calls cost nothing; ``returned``: the first call returned).
+    A failed racing call waits as long as a first call that never returns (whose
+    batch is then stuck anyway: the loader's ``timeout`` applies); a call that
+    does not fail never waits."""
     lock = threading.Lock()
     first_ended = threading.Event()
     started = False
@@ -61,7 +75,7 @@ def retry_racing_first(fn: F, settle: Callable[[F], None]) -> F:
                 return out
             finally:
                 first_ended.set()
-                settle(fn)
+                settle(fn, first_returned)
         try:
             return fn(*args)
         except Exception:  # noqa: BLE001 - perhaps the race: tried again below

@@ -27,6 +27,7 @@ from .iterable import IterablePipeline
 from .iterator import _Iterator
 from .passcontext import PassContext, batch_count
 from .executors import Executors, ProcessRows
+from .firstcall import FirstCall
 from .pipeline import Pipeline
 from .plan import IndexPlan, is_iterable_dataset, validate
 from .policy import Mode
@@ -193,6 +194,7 @@ class AsyncLoader(Generic[T_co]):
         self.collate_fn = collate_fn
         self._collate = collate_fn if auto else (lambda samples: collate_fn(samples[0]))
         self._layouts = LayoutHolder(enabled=collate_fn is default_collate and auto)
+        self._first_call = FirstCall()  # see firstcall: passes until one's first call returned
         self._build_parts(cfg, multiprocessing_context, worker_init_fn, copy_stream)
         self._initialized = True
 
@@ -425,6 +427,7 @@ class AsyncLoader(Generic[T_co]):
         pipeline = Pipeline(config, dataset=self.dataset, caps=self._caps, plan=plan,
                             layouts=self._layouts, runtime=runtime, memory=self._memory,
                             copy=self._copy, executors=executors,
+                            first_call=self._first_call,
                             # the GIL probe's budget holds across passes (see gilprobe)
                             probe_not_before=(self._acct.probe.next_wake
                                               if self._acct is not None else None))

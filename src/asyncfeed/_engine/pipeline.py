@@ -48,6 +48,7 @@ from .capabilities import Capabilities
 from .completions import Completions
 from .executors import Executors, RowExecutor
 from .fetching import FetchStage
+from .firstcall import FirstCall
 from .handoff import BatchHandoff, BatchMemory, PassConfig
 from .policy import Candidate, Handoff, Mode
 from .processes import handover, transport
@@ -83,13 +84,14 @@ class Pipeline(BatchHandoff):
     def __init__(self, config: PassConfig, *, dataset: Any, caps: Capabilities,
                  plan: Iterator[Any], layouts: LayoutHolder, runtime: Runtime,
                  memory: BatchMemory, copy: DeviceTransfer | None,
-                 executors: Executors, probe_not_before: float | None = None) -> None:
+                 executors: Executors, first_call: FirstCall,
+                 probe_not_before: float | None = None) -> None:
         super().__init__(config, runtime=runtime, copy=copy, memory=memory)
         self.memory: BatchMemory = memory
         self.in_order = config.in_order
         self.layouts = layouts
         self.rows = SampleRows(dataset=dataset, caps=caps, layouts=layouts, memory=memory,
-                               acct=self.acct, cond=self.cond)
+                               acct=self.acct, cond=self.cond, first_call=first_call)
         use_getitems = caps.getitems is not None and config.auto_collation
         self.ring_ok = config.default_collate and config.auto_collation and not use_getitems
         self._use_getitems = use_getitems

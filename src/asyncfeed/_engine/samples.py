@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._memory.layout import Layout, LayoutMismatch
 from .accounting import DECODE, FETCH, Accounting
 from .batch import NO_RAW, WRITTEN, Batch, BatchMode
-from .firstcall import retry_racing_first
+from .firstcall import FirstCall, retry_racing_first
 from .rowwrite import FlatWriter, write_one
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,9 +62,13 @@ class LayoutHolder:
                 self.decided = True
 
 
-def _settle(ref: weakref.ReferenceType[SampleRows], name: str, fn: Callable[..., Any]) -> None:
+def _settle(ref: weakref.ReferenceType[SampleRows], name: str, fn: Callable[..., Any],
+            first_call: FirstCall, returned: bool) -> None:
     """The dataset's own method ``fn`` in place of its wrapper ``name`` (the first
-    call ended), where the rows object still lives."""
+    call ended), where the rows object still lives; the loader's ``first_call``
+    notes a first call that ``returned``."""
+    if returned:
+        first_call.returned = True
     rows = ref()
     if rows is not None:
         setattr(rows, name, fn)
@@ -75,21 +79,27 @@ class SampleRows:
 
     ``cond`` is the pass's lock: it guards a batch's ``failures`` and the moment
     a ring batch takes its host buffers.  ``getitem`` and ``getitems`` are the
-    dataset's ``__getitem__`` and ``__getitems__`` (None without one); a call that
-    raced the pass's first call of one and raised is made once more after it returned
+    dataset's ``__getitem__`` and ``__getitems__`` (None without one); until a
+    pass's first call of one has returned in the loader's life (``first_call``), a
+    call that raced it and raised is made once more after it returned
     (:func:`~.firstcall.retry_racing_first`)."""
 
     def __init__(self, *, dataset: Any, caps: Capabilities, layouts: LayoutHolder,
-                 memory: BatchMemory, acct: Accounting, cond: threading.Condition) -> None:
+                 memory: BatchMemory, acct: Accounting, cond: threading.Condition,
+                 first_call: FirstCall) -> None:
         self.dataset = dataset
         self.caps = caps
-        # the wrappers reach this object weakly: a bound method of it would make a
-        # cycle (it holds them) that only the garbage collector frees
-        me = weakref.ref(self)
-        self.getitem: Callable[[Any], Any] = retry_racing_first(
-            dataset.__getitem__, lambda fn: _settle(me, "getitem", fn))
-        self.getitems: Callable[[list[Any]], Any] | None = None if caps.getitems is None \
-            else retry_racing_first(caps.getitems, lambda fn: _settle(me, "getitems", fn))
+        self.getitem: Callable[[Any], Any] = dataset.__getitem__
+        self.getitems: Callable[[list[Any]], Any] | None = caps.getitems
+        if not first_call.returned:
+            # the wrappers reach this object weakly: a bound method of it would make
+            # a cycle (it holds them) that only the garbage collector frees
+            me = weakref.ref(self)
+            self.getitem = retry_racing_first(
+                self.getitem, lambda fn, ok: _settle(me, "getitem", fn, first_call, ok))
+            if self.getitems is not None:
+                self.getitems = retry_racing_first(
+                    self.getitems, lambda fn, ok: _settle(me, "getitems", fn, first_call, ok))
         self.layouts = layouts
         self.memory = memory
         self.acct = acct
