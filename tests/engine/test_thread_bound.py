@@ -10,6 +10,7 @@ end, a failure that races the pass's first call is retried by ``firstcall``).
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import threading
 
@@ -82,9 +83,32 @@ def test_auto_runs_a_thread_bound_data_set_inline_with_dataloaders_batches(db, o
             assert sorted(int(i) for b in got for i in b[1]) == list(range(40))
         ex = al.stats().execution
         assert (ex.mode, ex.reason) == (Mode.INLINE, Reason.THREAD_BOUND)
-        assert "bound to the thread that made it" in str(ex)
+        assert "only that thread may" in str(ex)
         assert al.stats().skipped == []
         assert len(list(al)) == 10  # later passes run inline from the start
+
+
+class SignalGuarded(Dataset):
+    """Rows that install a signal handler while they load (a guard some libraries set
+    up): ``signal.signal`` works only in the main thread."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        old = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        try:
+            return torch.tensor([i]), i
+        finally:
+            signal.signal(signal.SIGUSR1, old)
+
+
+def test_rows_that_only_the_main_thread_may_load_run_inline():
+    assert threading.current_thread() is threading.main_thread()
+    with AsyncLoader(SignalGuarded(), batch_size=4) as al:
+        assert [int(i) for b in al for i in b[1]] == list(range(24))
+        ex = al.stats().execution
+        assert (ex.mode, ex.reason) == (Mode.INLINE, Reason.THREAD_BOUND)
 
 
 def test_where_inline_may_not_run_a_thread_bound_data_set_goes_to_worker_processes(db):

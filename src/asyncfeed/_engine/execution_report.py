@@ -117,8 +117,9 @@ class ExecutionReport:
             Reason.CONSUMER: "it keeps up with the consumer",
             Reason.UNAVAILABLE: "worker processes could not start",
             Reason.THREAD_BOUND: "the data set's rows failed in decode threads and loaded "
-                                 "in the consumer's thread: it holds an object bound to "
-                                 "the thread that made it",
+                                 "in the consumer's thread: it uses what only that thread "
+                                 "may (an object bound to the thread that made it, such "
+                                 "as a sqlite3 connection, or signal handlers)",
         }[self.reason]
         parts = [why]
         if rates:

@@ -1,7 +1,8 @@
 """Data sets bound to the thread that made them: their rows fail in decode threads.
 
 Some objects may be used only in the thread that created them: a ``sqlite3``
-connection opened in ``__init__`` raises ``ProgrammingError`` in any other thread.
+connection opened in ``__init__`` raises ``ProgrammingError`` in any other thread;
+``signal.signal`` raises ``ValueError`` outside the main thread.
 DataLoader runs such a data set in the consumer's thread (``num_workers=0``) or in
 worker processes forked from it (the forking thread goes on in the child, with the
 same thread id), and both work; in decode threads every row fails.
