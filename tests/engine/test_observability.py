@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from asyncfeed import AsyncLoader
-from asyncfeed._engine.accounting import (ASSEMBLE, DECODE, FETCH, H2D, QUEUE, STAGES,
-                                          Accounting, Resource, Snapshot, StageStats,
+from asyncfeed._engine.accounting import (ASSEMBLE, DECODE, FETCH, H2D, PROCESSES, QUEUE,
+                                          STAGES, Accounting, Resource, Snapshot, StageStats,
                                           analyse, gil_share, parse_cpu_line)
 from asyncfeed._engine.advice import explain
 from asyncfeed._engine.execution_report import ExecutionReport
@@ -298,6 +298,21 @@ def test_analyse_blames_the_fullest_resource(stages, wait, verdict):
     text = explain(s, a)
     assert 2 <= sentences(text) <= 3, text
     assert "docs/observability.md#" + verdict in text
+
+
+def test_with_worker_processes_the_fullest_the_verdict_is_decode_whatever_the_gil_read():
+    """The share and the probe read the loader's own GIL, which the workers' rows do
+    not wait for: a probe that found it held (the consumer forking, unpickling) and
+    threads that waited off a core say nothing about the workers."""
+    workers = (Resource(PROCESSES, (FETCH, DECODE, ASSEMBLE), 2), Resource("copy", (H2D,), 1))
+    s = Snapshot(elapsed_s=10.0, stages=snap(decode=(100, 19.0, 2.0)), process_cpu_s=2.0,
+                 cpu_threads_run_delay_s=0.0, wait_s=5.0, batches=100, samples=3200,
+                 resources=workers, gil_held=3, gil_probes=3)
+    a = analyse(s, cores=2)
+    assert a.limiting == PROCESSES and a.gil_pressure == 1.0
+    assert a.bottleneck == "decode"
+    threads = Snapshot(**{**s.__dict__, "resources": THREADS})  # the same readings
+    assert analyse(threads, cores=2).bottleneck == "gil"
 
 
 def test_analyse_says_gil_when_the_threads_waited_off_core_and_off_the_run_queue():

@@ -63,6 +63,8 @@ GIL_MIN = 0.15
 #: ... or the GIL probe found the GIL held at least this share of the time: Python
 #: holds the GIL, and decode work that is the bottleneck is GIL-bound
 GIL_HELD = 0.5
+#: the name of the resource worker processes are (their count its capacity)
+PROCESSES = "processes"
 
 
 @dataclass(frozen=True)
@@ -441,7 +443,9 @@ def analyse(s: Snapshot, cores: int) -> Analysis:
     held) at least ``GIL_HELD``, else ``"decode"``.
     The share sees threads that wait for each other; the pressure sees one
     thread running Python all the time, which waits for nobody (share near 0)
-    but which more threads would not help.
+    but which more threads would not help.  Where worker processes are the
+    fullest resource (``PROCESSES``) the verdict is ``"decode"``: the share and
+    the probe read this process's GIL, which the workers' rows do not wait for.
     """
     elapsed = max(s.elapsed_s, 1e-9)
     g = gil_share(s, cores)
@@ -472,6 +476,8 @@ def analyse(s: Snapshot, cores: int) -> Analysis:
             verdict = "fetch"
         elif stage_index[top] == H2D:
             verdict = "h2d"
+        elif res.name == PROCESSES:
+            verdict = "decode"
         else:
             verdict = ("gil" if g >= GIL_MIN or (pressure or 0.0) >= GIL_HELD
                        else "decode")

@@ -41,7 +41,7 @@ from typing import Any
 from .._errors import LoaderClosedError
 from .._memory.device import CopyStream
 from ..protocols import DeviceTransfer
-from .accounting import ASSEMBLE, DECODE, FETCH, H2D, Resource
+from .accounting import ASSEMBLE, DECODE, FETCH, H2D, PROCESSES, Resource
 from .assemble import assemble
 from .batch import WRITTEN, Batch, BatchMode
 from .capabilities import Capabilities
@@ -286,7 +286,8 @@ class Pipeline(BatchHandoff):
             return
         t = self.acct.begin()
         try:
-            b.samples = self.rows.getitems(b.indices)  # type: ignore[misc]  # handed to collate_fn as is
+            # handed to collate_fn as is
+            b.samples = self.rows.getitems(b.indices)  # type: ignore[misc]
         except BaseException as e:  # noqa: BLE001
             b.error = e
         end = self.acct.end(DECODE, t, b.n)
@@ -417,7 +418,7 @@ class Pipeline(BatchHandoff):
             return
         # the samples' capacity is the workers now
         self.acct.gate = None
-        self.acct.resources = (Resource("processes", (FETCH, DECODE, ASSEMBLE),
+        self.acct.resources = (Resource(PROCESSES, (FETCH, DECODE, ASSEMBLE),
                                         stage.num_workers), *self._thread_resources[1:])
         self.stage = stage
         if stage not in self._stages:
