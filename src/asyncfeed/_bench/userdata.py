@@ -443,6 +443,9 @@ class PhasedCost(Dataset):
                 + (self.cheap + rng.permutation(self.costly)).tolist())
 
 
+SQLITE_SHAPE = (64, 64, 3)
+
+
 def ensure_sqlite_file(parent: str, n: int, seed: int = 0) -> str:
     """A SQLite file of ``n`` rows ``(i, label, pixels)`` (64x64x3 uint8 blobs from
     ``seed``) under ``parent``, written once (renamed into place when complete)."""
@@ -462,8 +465,6 @@ def ensure_sqlite_file(parent: str, n: int, seed: int = 0) -> str:
         os.replace(tmp, path)
     return path
 
-
-SQLITE_SHAPE = (64, 64, 3)
 
 
 class SqliteRows(Dataset):
@@ -548,11 +549,13 @@ DATASETS: dict[str, UserSet] = {s.name: s for s in (
 def build(name: str, *, quick: bool = False, workdir: str | None = None,
           seed: int = 0) -> Built:
     """Build data set ``name`` of :data:`DATASETS` in this process.  ``workdir`` holds
-    generated files (the ``npy`` set; default: the system's temporary folder)."""
+    generated files (the ``npy`` and ``sqlite`` sets; default: the system's temporary folder)."""
     if name not in DATASETS:
         raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
     spec = DATASETS[name]
     samples = spec.quick_samples if quick else spec.samples
+    # where the sets that live in files (npy, sqlite) write them
+    parent = workdir or os.path.join(os.environ.get("TMPDIR", "/tmp"), "asyncfeed-outcome")
     ds: Dataset
     collate: Callable[[list[Any]], Any] | None = None
     if name == "detection":
@@ -562,7 +565,6 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
     elif name == "cifar-rng":
         ds = CifarRng(samples, seed)
     elif name == "npy":
-        parent = workdir or os.path.join(os.environ.get("TMPDIR", "/tmp"), "asyncfeed-outcome")
         ds = NpyFiles(ensure_npy_files(parent, min(samples, 1024), seed), seed)
     elif name == "gil-python":
         ds = PythonRows(samples, seed)
@@ -577,7 +579,6 @@ def build(name: str, *, quick: bool = False, workdir: str | None = None,
     elif name == "slow-reads":
         ds = SlowReads(samples, seed)
     elif name == "sqlite":
-        parent = workdir or os.path.join(os.environ.get("TMPDIR", "/tmp"), "asyncfeed-outcome")
         ds = SqliteRows(ensure_sqlite_file(parent, min(samples, 2048), seed), seed)
     else:  # phased
         costly = 768 if not quick else 32
