@@ -133,6 +133,10 @@ def pngs():  # PNGs decoded and rotated by Pillow (the GIL released in its C par
     from asyncfeed._bench.userdata import PngAugment
     return PngAugment(4096)
 
+def reads():  # rows that wait 3 ms (a read from slow storage), then 4 KiB to float32
+    from asyncfeed._bench.userdata import SlowReads
+    return SlowReads(3072)
+
 def augment():  # training augmentation fused into decoding: the bench's synthetic photos
     from asyncfeed import ImageFolder
     from asyncfeed._bench.synthetic import ensure_synthetic
@@ -143,7 +147,7 @@ sets = {"gil": (Gil, 16, None), "sha": (Sha, 16, None), "mixed": (Mixed, 16, Non
         "jpeg": (Jpeg, 32, None), "augment": (augment, 32, None), "noop": (Noop, 256, None),
         "dicts": (Dicts, 32, collate_dicts), "tokens": (Tokens, 64, collate_tokens),
         "cifar": (Cifar, 128, None), "sleepy": (Sleepy, 16, None),
-        "spectro": (spectro, 32, None), "pngs": (pngs, 64, None)}
+        "spectro": (spectro, 32, None), "pngs": (pngs, 64, None), "reads": (reads, 32, None)}
 make, bs, collate = sets[name]
 ds = make()
 al = AsyncLoader(ds, batch_size=bs, collate_fn=collate)
@@ -164,7 +168,7 @@ print(json.dumps(out))
 """
 
 SETS = ("gil", "sha", "mixed", "jpeg", "augment", "noop", "dicts", "tokens", "cifar", "sleepy",
-        "spectro", "pngs")
+        "spectro", "pngs", "reads")
 
 
 def main() -> None:

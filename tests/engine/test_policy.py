@@ -792,6 +792,72 @@ def test_rows_that_wait_climb_past_the_pool_while_each_rung_wins():
     assert threads(32) in ran and threads(64) not in ran, ran
 
 
+@pytest.mark.parametrize("cores", [2, 16, 96])
+def test_rows_that_wait_leap_up_the_ladder_and_search_the_rungs_leapt_over(cores):
+    """Rows that wait 20 ms with 0.05 ms of Python (one GIL: at most 20,000 rows/s,
+    reached from 401 threads): the climb leaps from the threads that just won to
+    the rung whose reach meets the cores, then searches the rungs leapt over for
+    the cheapest that ties it; it finds the count a rung-by-rung climb finds in
+    fewer duels, and never runs a rung that could not tie the leap."""
+    sp = Space(ladder=Space.thread_ladder(cores, cores + 2, 2048), start=threads(cores),
+               cores=cores, process=processes(cores))
+    rate = waiting(0.020, 0.00005, cores)
+    rec, ran = run(sp, rate, core_rate=20_000.0)
+    d = decide(rec, sp)
+    # the cheapest rung within the margin of the plateau
+    best = max(rate(c) for c in sp.ladder)
+    want = min((c for c in sp.ladder if rate(c) * (1 + CFG.min_margin) >= best),
+               key=lambda c: c.count)
+    assert d.choice == want, (d.choice, ran)
+    thread_duels = [du for du in d.duels if du.dear.mode is Mode.THREADS
+                    and du.cheap.mode is Mode.THREADS]
+    assert any(sp.ladder.index(du.dear) > sp.ladder.index(du.cheap) + 1
+               for du in thread_duels), thread_duels
+    # one rung at a time, the climb duels every rung from the start to the choice,
+    # and the one above, which ties it
+    climb = [c for c in sp.ladder if sp.start.count < c.count <= want.count]
+    assert len([du for du in thread_duels if du.dear.count > sp.start.count]) \
+        < len(climb) + 1, thread_duels
+    leap = max(du.dear_rate for du in thread_duels if du.cheap == sp.start)
+    start_rate = rate(sp.start)
+    for c in sp.ladder:
+        if sp.start.count < c.count and c.count / sp.start.count * start_rate * 1.2 < leap:
+            assert c not in ran, (c, ran)
+
+
+def test_a_leap_that_loses_climbs_one_rung_at_a_time():
+    """Rows that wait behind a pool of four connections: four threads read twice
+    two, more read what one thread does (they queue).  The leap from two threads
+    loses; the climb then steps to four, which wins, and no further."""
+    sp = Space(ladder=Space.thread_ladder(2, 4, 256), start=threads(2), cores=2,
+               process=processes(2))
+
+    def rate(c: Candidate) -> float:
+        if c.mode is Mode.THREADS:
+            return 100.0 * c.count if c.count <= 4 else 100.0
+        return 100.0 * c.count if c.mode is Mode.PROCESSES else 100.0
+    rec, ran = run(sp, rate, core_rate=5000.0)
+    d = decide(rec, sp)
+    assert d.choice == threads(4), (d, ran)
+    dears = [du.dear for du in d.duels if du.cheap == threads(2)]
+    assert dears[0].count > 4 and threads(4) in dears, d.duels
+
+
+def test_a_recheck_does_not_leap():
+    """A re-check duels the choice with its neighbours, one rung each way."""
+    sp = Space(ladder=Space.thread_ladder(2, 4, 2048), start=threads(2), cores=2,
+               process=processes(2))
+    rate = waiting(0.050, 0.0005, 2)
+    rec, _ = run(sp, rate, core_rate=2000.0)
+    first = decide(rec, sp).choice
+    rec.recheck_at.append(len(rec.windows))
+    rec2, ran = run(sp, rate, core_rate=2000.0, record=rec)
+    counts = sorted({c.count for c in ran if c.mode is Mode.THREADS})
+    i = sp.ladder.index(first)
+    assert set(counts) <= {sp.ladder[i - 1].count, first.count, sp.ladder[i + 1].count, 1}, \
+        (first, counts)
+
+
 def test_the_search_is_bounded_by_the_ladder_not_the_cores():
     """On 96 cores the search measures a few rungs, not 96 counts."""
     _, ran = run(space(96), gil_free(96))

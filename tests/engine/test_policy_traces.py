@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from asyncfeed._engine.policy import (Candidate, Mode, PolicyConfig, Record, Space, decide,
-                                      judge)
+                                      judge, threads)
 
 TRACES = sorted((Path(__file__).parent / "traces").glob("*.json"))
 
@@ -65,7 +65,7 @@ def _choice_core_rate(rec: Record, choice: Candidate) -> float:
 
 def test_there_are_traces_of_every_kind_quiet_and_beside_other_load():
     kinds = {"gil", "sha", "mixed", "jpeg", "augment", "noop", "dicts", "tokens", "cifar", "sleepy",
-             "spectro", "pngs"}
+             "spectro", "pngs", "reads"}
     quiet = {p.name.split("-")[0] for p in TRACES if not json.loads(p.read_text())["neighbour"]}
     busy = {p.name.split("-")[0] for p in TRACES if json.loads(p.read_text())["neighbour"]}
     assert kinds <= quiet and kinds <= busy, (quiet, busy)
@@ -167,3 +167,27 @@ def test_more_threads_are_skipped_only_where_the_rows_ran_at_every_cores_rate():
         assert not any(w.candidate.mode is Mode.THREADS and w.candidate.count > d.choice.count
                        for w in rec.windows), stem
     assert {"sha-quiet-0", "jpeg-quiet-0"} <= {t[0] for t in skipped}, skipped
+
+
+def test_rows_that_wait_leap_over_the_rungs_that_could_not_tie_the_rung_leapt_to():
+    """Rows that wait on a long ladder (1 to 64 threads): the climb leaps from two
+    threads to the rung that could meet the cores, and the rungs between whose
+    reach from two threads' rate (their counts over two, times it) falls short
+    of the leap's rate by the margin never run; a run of the rung-by-rung climb
+    would have measured four threads."""
+    leapt = 0
+    for path in TRACES:
+        if not path.name.startswith("reads"):
+            continue
+        _, rec, sp = _load(path)
+        got = decide(rec, sp)
+        leap = next(du for du in got.duels if du.cheap == threads(2) and du.dear.count > 4)
+        assert leap.winner == leap.dear, leap
+        ran = {w.candidate for w in rec.windows}
+        for c in sp.ladder:
+            if 2 < c.count < leap.dear.count \
+                    and c.count / 2 * leap.cheap_rate * (1 + leap.margin) < leap.dear_rate:
+                assert c not in ran, (path.stem, c)
+        assert threads(4) not in ran, path.stem
+        leapt += 1
+    assert leapt == 2

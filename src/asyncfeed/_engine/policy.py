@@ -57,7 +57,18 @@ The search, replayed from the record by :func:`decide` (a pure function):
    rows per CPU second the choice's windows read (cores side by side share
    caches, memory and their siblings' pipelines: each runs a row slower than
    one core alone, and more threads beside them would too), so where the
-   choice's rate is within the margin of that bound, more threads cannot win;
+   choice's rate is within the margin of that bound, more threads cannot win.
+   Where the choice just beat fewer threads, the climb *leaps*: its rival is the
+   first rung whose threads, each adding the choice's rate per thread, would
+   meet that bound (or the top rung) -- the next rung for rows that use the
+   cores they have, many rungs up for rows that wait (on storage, a device, the
+   network), which leave the process idle.  After a leap that wins, the rungs
+   leapt over that could still tie it (their count times the rate per thread of
+   the rung below them that was measured, within the margin of the choice) are
+   searched by halves, each dueled against the choice (the cheaper stays on a
+   tie); after one that loses, the climb steps a rung at a time.  So the climb
+   takes a few duels however long the ladder, where a rung at a time costs one
+   for each doubling of the threads;
 4. *processes*: duel the best so far against the process candidate, unless the
    measured rates leave processes no room: ``min(cores left, workers)``
    processes cannot go faster than that many times one thread's measured rate
@@ -222,6 +233,9 @@ class _Replay(SearchOrder):
         self.mine: list[Window] = []
         self.theirs: list[Window] = []
         self.block_side: Candidate = self.choice  # a block duel's side that ran last
+        # after a leap of the climb that won: the rung it leapt from (or the last
+        # leapt-over rung that lost to the choice) and its rate
+        self.leap_base: tuple[Candidate, float] | None = None
         self._advance()
 
     def _rival_in(self, phase: str) -> Candidate | None:
@@ -240,12 +254,14 @@ class _Replay(SearchOrder):
                 i = self._rung(self.climb_from)  # processes came first and won
             if i < 0 or (self.single_step and self.moved):
                 return None
+            if phase == "down" and self.leap_base is not None:
+                return self._leap_probe()
             j = i - 1 if phase == "down" else i + 1
             if 0 <= j < len(self.rungs) and self.rungs[j] not in self.tried:
                 if phase == "up" and self._beyond_reach(self.rungs[j], self.rungs[i]):
                     self.threads_skipped = Reason.NO_ROOM
                     return None
-                return self.rungs[j]
+                return self.rungs[self._leap(i)] if phase == "up" else self.rungs[j]
             return None
         if phase == "inline":
             # the cheapest, dueled last: whatever won, unless it runs the rows beyond
@@ -425,12 +441,76 @@ class _Replay(SearchOrder):
             elif not self._order_processes_before_down():
                 self._order_processes_before_up()
             self.moved = False
+        elif phase == "up" and self._leapt(duel):
+            if won == rival:
+                # the rungs leapt over are searched from the rung that won, while
+                # any could still tie it (:meth:`_leap_probe`)
+                self.leap_base = (duel.cheap, duel.cheap_rate)
+                self.phases.insert(0, "down")
+            # where the leap lost, the climb goes on one rung at a time
+        elif phase == "down" and self.leap_base is not None and won != rival:
+            self.leap_base = (duel.cheap, duel.cheap_rate)  # the rungs above it are left
         elif phase in ("down", "up") and won != rival:
             # the walk goes on while the rung it tries wins (in the climb after
             # processes, the rung is dueled against them)
             self.phases.pop(0)
             self.moved = False
+            self.leap_base = None
         self._advance()
+
+    def _leap(self, i: int) -> int:
+        """The rung the climb duels next from rung ``i`` (the choice, which just beat
+        fewer threads): the first rung whose threads, each adding the choice's
+        rate per thread, would reach the cores' bound (the cores left at the
+        choice's rows per CPU second, as in :meth:`_beyond_reach`), or the top
+        rung; the next one where that is no further.  Rows that use the cores
+        they have meet the bound at the next rung; rows that wait (on storage, a
+        device, the network) leave the process idle and meet it many rungs up.
+        The rungs leapt over are searched after a leap that wins, while any could
+        still tie it (:meth:`_leap_probe`); after one that loses, the climb steps
+        one rung at a time.  So rows that wait reach their thread count in a few
+        duels however long the ladder, where a rung at a time costs a duel for
+        each doubling; a leap that loses costs one duel."""
+        step = i + 1
+        if self.single_step or self.choice.mode is not Mode.THREADS \
+                or self.choice != self.rungs[i]:
+            return step
+        last = self.duels[-1] if self.duels else None
+        if last is None or last.winner != self.choice or last.dear != self.choice \
+                or last.cheap.mode is not Mode.THREADS or not self.choice_rate:
+            return step
+        per_core = self._core_rate(self.choice)
+        if not per_core:
+            return step
+        needed = self.choice.count * self._cores_left() * per_core / self.choice_rate
+        k = next((k for k in range(step, len(self.rungs)) if self.rungs[k].count >= needed),
+                 len(self.rungs) - 1)
+        return k if self.rungs[k] not in self.tried else step
+
+    def _leapt(self, duel: Duel) -> bool:
+        """Whether ``duel`` was a leap of the climb: its dearer side more than one
+        rung above its cheaper."""
+        return duel.cheap.mode is Mode.THREADS and duel.dear.mode is Mode.THREADS \
+            and self._rung(duel.dear) > self._rung(duel.cheap) + 1
+
+    def _leap_probe(self) -> Candidate | None:
+        """After a leap of the climb that won, the next rung leapt over to duel against
+        the choice: of those above the rung the leap started from (or the last
+        such rung that lost) that could still tie the choice -- that rung's rate
+        scaled by their counts (as far as threads that each add their rate go)
+        within the margin of the choice's -- the middle one (the lower of two).
+        Where it stays (the cheaper, as good), the search goes on below it; where
+        it loses, above it: a few duels for many rungs.  None where no rung is
+        left (the walk is over)."""
+        assert self.leap_base is not None
+        base, base_rate = self.leap_base
+        left = [c for c in self.rungs[self._rung(base) + 1:self._rung(self.choice)]
+                if c not in self.tried and c.count / base.count * base_rate
+                * (1 + self._margin()) >= (self.choice_rate or 0.0)]
+        if not left:
+            self.leap_base = None
+            return None
+        return left[(len(left) - 1) // 2]
 
     def _hopeless(self) -> bool:
         """The rival lost before its second window (``duel.hopeless``, by twice the
@@ -458,6 +538,7 @@ class _Replay(SearchOrder):
         self.threads_skipped = None
         self.more_skipped = None
         self.climb_from = None  # a re-check steps one rung from the choice itself
+        self.leap_base = None
         self.fresh = []
         self.phases = ["down", "up", "processes", "inline"]
         self._advance()
