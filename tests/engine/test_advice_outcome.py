@@ -137,3 +137,22 @@ def test_the_progress_bars_last_word_heeds_the_scaling_as_stats_do():
     assert window_figures(s, 2, report(Mode.THREADS, 4, WAITING))["bottleneck"] == "decode"
     assert window_figures(s, 2, report(Mode.THREADS, 2, {threads(2): 600.0}))["bottleneck"] \
         == "gil"
+
+
+def test_the_log_line_and_the_bar_heed_the_measured_outcome(caplog):
+    """The live view's log line reads the loader's report for each window, as
+    ``stats()`` does: threads that scaled make the sleeping rows' "gil" reading
+    "decode" there too (a log line that said gil beside stats() saying decode
+    contradicted it)."""
+    from asyncfeed._engine.accounting import Accounting
+    from asyncfeed._engine.progress import LiveView
+    r = report(Mode.THREADS, 4, WAITING)
+    view = LiveView(Accounting(THREADS), 2, progress=False, log_every=0.0, total=None,
+                    epoch=0, execution=lambda: r)
+    with caplog.at_level("INFO", logger="asyncfeed"):
+        view._log(sleeping_rows())
+    view.close()
+    (rec,) = [x for x in caplog.records if x.name == "asyncfeed"]
+    assert rec.asyncfeed["bottleneck"] == "decode", rec.getMessage()
+    assert "bottleneck=decode" in rec.getMessage()
+    assert analyse(sleeping_rows(), cores=2).bottleneck == "gil"  # without the report

@@ -58,7 +58,7 @@ def window_figures(window: Snapshot, cores: int,
 
 class LiveView:
     """One pass's bar and log lines (either may be off).  ``close()`` is idempotent.
-    ``execution``: the loader's execution report, read when the bar ends."""
+    ``execution``: the loader's execution report, read for each verdict."""
 
     def __init__(self, acct: Accounting, cores: int, *, progress: bool,
                  log_every: float | None, total: int | None, epoch: int,
@@ -88,7 +88,7 @@ class LiveView:
             self._bar.update(1)
             if now - self._bar_at >= REFRESH_S:
                 snap = self._acct.snapshot()
-                f = window_figures(snap - self._bar_snap, self._cores)
+                f = window_figures(snap - self._bar_snap, self._cores, self._report())
                 self._bar.set_postfix({"samples/s": f"{f['samples_per_s']:.0f}",
                                        WINDOW_KEY: f["bottleneck"] or "-"}, refresh=False)
                 self._bar_snap, self._bar_at = snap, now
@@ -97,8 +97,13 @@ class LiveView:
             self._log(snap - self._log_snap)
             self._log_snap, self._log_at = snap, now
 
+    def _report(self) -> ExecutionReport | None:
+        """The loader's execution report now: the bar's and the log's verdicts heed
+        what the pass measured, as ``stats()`` does."""
+        return self._execution() if self._execution is not None else None
+
     def _log(self, window: Snapshot) -> None:
-        f = window_figures(window, self._cores)
+        f = window_figures(window, self._cores, self._report())
         shares = " ".join(f"{k}={v:.2f}" for k, v in f["shares"].items())
         log.info("window_s=%.1f samples_per_s=%.1f %s gil_share=%.2f wait_share=%.2f "
                  "bottleneck=%s", window.elapsed_s, f["samples_per_s"], shares,
@@ -111,8 +116,7 @@ class LiveView:
             return
         self._closed = True
         if self._bar is not None:
-            report = self._execution() if self._execution is not None else None
-            whole = window_figures(self._acct.snapshot(), self._cores, report)
+            whole = window_figures(self._acct.snapshot(), self._cores, self._report())
             self._bar.set_postfix({"samples/s": f"{whole['samples_per_s']:.0f}",
                                    PASS_KEY: whole["bottleneck"] or "-"}, refresh=False)
             self._bar.close()
