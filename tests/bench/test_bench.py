@@ -157,6 +157,15 @@ def test_steady_rate_is_the_slope():
     assert _slope([0.1, 0.2], [1, 1]) is None
 
 
+def test_steady_against_the_limit_is_the_steady_rate_over_the_limits():
+    """(a)'s "steady x limit": the limit's rate is a row's rate over its x limit."""
+    from asyncfeed._bench.report import _steady_vs_limit
+    row = {"family": "asyncfeed", "rate": 860.0, "vs_limit": 0.91, "steady_rate": 895.0}
+    assert _steady_vs_limit(row) == pytest.approx(895.0 / (860.0 / 0.91))
+    assert _steady_vs_limit({**row, "family": "limit"}) is None
+    assert _steady_vs_limit({**row, "steady_rate": None}) is None
+
+
 def test_sweeps_reach_twice_the_cores():
     assert default_workers(2) == (0, 1, 2, 4)
     assert default_threads(2) == (1, 2, 4)

@@ -64,7 +64,10 @@ run are marked `~`.
   consuming 85% of the limit's rate would take; the figure is the share of the time
   the loop waited for data.
 - **The limit** runs the same per-sample function in one process per core with no
-  loader at all, started together; "x limit" is against it.
+  loader at all, timed from when they start together, after their processes started;
+  "x limit" is a contender's samples/s against it.  (a) shows "steady x limit" too: the
+  contender's rate after its run's first tenth of batches (a least-squares slope
+  through the batches' arrivals) against it, where neither pays a start.
 - **Rounds and medians.** Every configuration of a workload runs once per round, rounds
   are interleaved (A B A B), and the tables show medians. `*` marks a loader at its
   defaults; the line under each table says who led and by how much.

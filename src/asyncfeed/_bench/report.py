@@ -125,22 +125,34 @@ def lead_line(workload: str, rows: list[dict], *, quick: bool) -> str | None:
                    "; a full run")
 
 
+def _steady_vs_limit(r: dict) -> float | None:
+    """A row's steady rate (after its run's first tenth of batches) against the limit,
+    which times the per-sample function after its processes started: the limit's
+    rate is the row's rate over its ``vs_limit``."""
+    rate, vs, steady = r.get("rate"), r.get("vs_limit"), r.get("steady_rate")
+    if r.get("family") == "limit" or not rate or not vs or not steady:
+        return None
+    return float(steady * vs / rate)
+
+
 def _section_a(results: dict, s: dict, summ_a: list[dict]) -> tuple:
     """Workload (a)'s table: title, headers, rows and the notes on twin rows."""
     rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
+             _fmt(_steady_vs_limit(r), ".2f"),
              _fmt(r.get("cpu_per_sample_ms"), ".2f"), _fmt(r.get("cpu_vs_w2"), ".2f"),
              _fmt(r.get("peak_pss_bytes"), "mb"), _fmt(r.get("ttfb_s"), ".3f")]
             for r in summ_a]
     twins = tuple(
         f"{t['label']} and {t['twin']} are the same configuration; over both rows' "
         f"{t['runs_in_median']} runs: {_fmt(t.get('rate'), ',.0f')}/s "
-        f"({_fmt(t.get('vs_limit'), '.2f')} of the limit), "
+        f"({_fmt(t.get('vs_limit'), '.2f')} of the limit, "
+        f"{_fmt(_steady_vs_limit(t), '.2f')} steady), "
         f"{_fmt(t.get('cpu_per_sample_ms'), '.2f')} ms CPU/sample "
         f"({_fmt(t.get('cpu_vs_w2'), '.2f')}x w=2), peak PSS "
         f"{_fmt(t.get('peak_pss_bytes'), 'mb')} MB" for t in results.get("twins") or [])
     return (f"(a) {WORKLOADS['a']}: {s['samples']} samples per run",
-            ["contender", "samples/s", "x limit", "CPU ms/sample", "x w=2 CPU",
-             "peak PSS MB", "1st batch s"], rows, twins)
+            ["contender", "samples/s", "x limit", "steady x limit", "CPU ms/sample",
+             "x w=2 CPU", "peak PSS MB", "1st batch s"], rows, twins)
 
 
 def _section_e(s: dict, summ_e: list[dict]) -> tuple:
