@@ -563,7 +563,7 @@ def test_a_recheck_of_processes_chosen_before_the_climb_steps_from_processes():
 
 def _report_of(rec: Record, sp: Space):
     ch = Chooser.__new__(Chooser)
-    ch.record, ch.decision, ch.detail = rec, decide(rec, sp), ""
+    ch.record, ch.decision, ch.detail, ch.thread_bound = rec, decide(rec, sp), "", None
     ch.current = ch.decision.choice
     return ch.report()
 

@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, Dataset
 from asyncfeed import AsyncLoader, SampleError
 from asyncfeed._engine.batch import Batch, BatchMode
 from asyncfeed._engine.chooser import Chooser
-from asyncfeed._engine.policy import INLINE, Mode, Reason, Space, processes, threads
+from asyncfeed._engine.policy import (INLINE, Mode, Reason, Record, Space, Window, decide,
+                                      processes, threads)
 from asyncfeed._engine.threadbound import retry_here
 from support.executions import on
 from support.oracle import assert_same_batches
@@ -72,7 +73,9 @@ def dataloader_batches(ds: Dataset) -> list:
                                                ("skip", False)])
 def test_auto_runs_a_thread_bound_data_set_inline_with_dataloaders_batches(db, on_error,
                                                                            in_order):
-    want = dataloader_batches(SqliteRows(db))
+    dl = DataLoader(SqliteRows(db), batch_size=4, shuffle=True,
+                    generator=torch.Generator().manual_seed(5))
+    want, want_next = list(dl), list(dl)
     ds = SqliteRows(db)
     with AsyncLoader(ds, batch_size=4, shuffle=True, on_error=on_error, in_order=in_order,
                      generator=torch.Generator().manual_seed(5)) as al:
@@ -82,10 +85,15 @@ def test_auto_runs_a_thread_bound_data_set_inline_with_dataloaders_batches(db, o
         else:  # the batches as they came: every sample once, none skipped
             assert sorted(int(i) for b in got for i in b[1]) == list(range(40))
         ex = al.stats().execution
-        assert (ex.mode, ex.reason) == (Mode.INLINE, Reason.THREAD_BOUND)
+        assert ex.thread_bound and ex.mode is not Mode.THREADS
         assert "only that thread may" in str(ex)
         assert al.stats().skipped == []
-        assert len(list(al)) == 10  # later passes run inline from the start
+        later = list(al)  # the next pass: DataLoader's next epoch
+        if in_order:
+            assert_same_batches(later, want_next)
+        assert al.stats().execution.mode is not Mode.THREADS
+        # what was measured since: inline and processes, never threads
+        assert {m.candidate.mode for m in ex.candidates} <= {Mode.INLINE, Mode.PROCESSES}
 
 
 class SignalGuarded(Dataset):
@@ -108,7 +116,7 @@ def test_rows_that_only_the_main_thread_may_load_run_inline():
     with AsyncLoader(SignalGuarded(), batch_size=4) as al:
         assert [int(i) for b in al for i in b[1]] == list(range(24))
         ex = al.stats().execution
-        assert (ex.mode, ex.reason) == (Mode.INLINE, Reason.THREAD_BOUND)
+        assert ex.thread_bound and ex.mode is not Mode.THREADS, str(ex)
 
 
 def test_where_inline_may_not_run_a_thread_bound_data_set_goes_to_worker_processes(db):
@@ -200,7 +208,10 @@ def test_a_row_bound_to_the_consumers_thread_is_loaded_here_in_its_place(db):
         t.join()
     b = failed_batch(ds, [0, 1, 2, 3], errors)
     assert retry_here(b, ds, chooser) is True
-    assert chooser.thread_bound is True and chooser._requested == INLINE
+    # threads leave the space; the search starts again from inline, measured
+    assert chooser.thread_bound is True and chooser._requested == (INLINE, None)
+    assert chooser.space is not None and chooser.space.ladder == ()
+    assert chooser.exploring and chooser.record.windows == []
     assert b.failures == []
     assert [idx for idx, _ in b.good_samples_host] == [0, 1, 2, 3]
     assert [float(s[0]) for _, s in b.good_samples_host] == [0.0, 0.5, 1.0, 1.5]
@@ -230,3 +241,33 @@ def test_a_row_bad_everywhere_is_skipped_and_later_bad_rows_are_not_loaded_again
     here = threading.current_thread().name
     assert [i for i, name in free.calls if name == here] == [1]
     assert not [c for c in free.calls if c[1] == "asyncfeed-thread-check"]
+
+
+def test_a_thread_bound_search_keeps_what_runs_the_rows_faster_here_or_in_processes():
+    """Without threads, inline and the workers forked from the consumer's thread are
+    measured as any two candidates are: the workers stay only where they beat
+    inline by the margin (replayed windows, the rows' CPU known)."""
+    for inline_rate, proc_rate, want in ((1000.0, 1900.0, processes(2)),
+                                         (1000.0, 1030.0, INLINE), (1000.0, 500.0, INLINE)):
+        chooser = auto_chooser()
+        chooser.without_threads()
+        sp = chooser.space
+        assert sp is not None and sp.ladder == () and sp.start == INLINE
+        rec = Record()
+        for _ in range(60):
+            d = decide(rec, sp)
+            if d.settled:
+                break
+            r = inline_rate if d.run is INLINE else proc_rate
+            rec.windows.append(Window(d.run, round(r * 0.1), 0.1, 0.05, 0.1))
+        assert d.settled and d.choice == want, (inline_rate, proc_rate, d)
+        ran = {w.candidate for w in rec.windows}
+        assert ran == {INLINE, processes(2)}, ran
+
+
+def test_where_one_candidate_runs_rows_here_it_is_fixed_for_the_thread_bound_reason():
+    """No worker processes (``execution="auto"`` with an async fetch, or they could not
+    start): inline runs, fixed, nothing left to measure."""
+    chooser = Chooser(Space(ladder=(threads(1), threads(2)), start=threads(2), cores=2))
+    chooser.without_threads()
+    assert chooser._requested == (INLINE, Reason.THREAD_BOUND)

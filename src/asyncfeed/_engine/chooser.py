@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from .execution_report import ExecutionReport, measured
-from .policy import (Candidate, Decision, Handoff, Mode, PolicyConfig, Reason, Record, Space,
-                     Window, decide, drifted, fixed)
+from .policy import (INLINE, Candidate, Decision, Handoff, Mode, PolicyConfig, Reason,
+                     Record, Space, Window, decide, drifted, fixed)
 
 log = logging.getLogger("asyncfeed")
 
@@ -173,8 +173,9 @@ class Chooser:
         # as many as the drift is then judged on: a few windows read while the
         # process still warms up sit below what it reads a second later
         self._baseline: list[float] = []
-        self._requested: Candidate | None = None
-        self._requested_reason = Reason.FIXED
+        # a candidate to run from the consumer's next tick, and the reason it is fixed
+        # with (None: the search goes on from it, see ``without_threads``)
+        self._requested: tuple[Candidate, Reason | None] | None = None
         # whether the data set is bound to the consumer's thread (its rows fail in
         # decode threads): None until a failed row was checked (see .threadbound)
         self.thread_bound: bool | None = None
@@ -183,11 +184,14 @@ class Chooser:
     # ------------------------------------------------------------------ passes
     def begin_pass(self, control: ExecutionControl) -> None:
         """(consumer thread, at ``iter()``) Bind the pass and run the current
-        candidate on it; its first windows are not used (threads waking)."""
+        candidate on it (one asked for since the last pass's last tick first); its
+        first windows are not used (threads waking)."""
         self._control_ref = weakref.ref(control)
         self._w0 = None
         self._opens_after = -1
-        if not control.apply(self.current):
+        if self._requested is not None:
+            self._take_request()  # asked for after the last pass's last tick
+        if not control.apply(self.current):  # (applying it again changes nothing)
             self._failed(self.current)
 
     def end_pass(self, control: ExecutionControl) -> None:
@@ -205,22 +209,57 @@ class Chooser:
         consumer applies it the next time it waits or takes a batch), ``reason``
         then the report's.  For callers that know better than a measurement, and
         for tests that switch at a chosen moment."""
-        self._requested, self._requested_reason = candidate, reason
+        self._ask(candidate, reason)
+
+    def without_threads(self) -> None:
+        """(any thread) The data set's rows fail in decode threads and load in the
+        consumer's (see :mod:`.threadbound`): the thread rungs leave the space, and
+        the search starts again, from nothing, among the candidates that run rows
+        in the consumer's thread or in worker processes forked from it (inline,
+        then processes), measured as any search is: the record's windows ran rows
+        that failed.  Where only one of them may run, it runs, fixed, for
+        :attr:`Reason.THREAD_BOUND`; where none may, nothing changes."""
+        sp = self.space
+        self.thread_bound = True
+        if sp is None or self.fixed:
+            return
+        left = ([INLINE] if sp.inline else []) + \
+            ([sp.process] if sp.process is not None
+             and self.record.failed_starts < self.config.start_attempts else [])
+        if len(left) < 2:
+            if left:
+                self.request(left[0], Reason.THREAD_BOUND)
+            return
+        self.space = dataclasses.replace(sp, ladder=(), start=left[0])
+        self.record = Record(handoff=self.record.handoff)
+        self._baseline, self._since_check = [], 0
+        self._check_wait = self.config.recheck_windows
+        self._recent = collections.deque(maxlen=self._check_wait)
+        self.decision = decide(self.record, self.space, self.config)
+        self._ask(self.decision.run, None)
+
+    def _ask(self, candidate: Candidate, reason: Reason | None) -> None:
+        self._requested = (candidate, reason)
         control = self._control
         if control is not None:
             control.call_waiting(self._take_request)
 
     def _take_request(self) -> None:
-        c, self._requested = self._requested, None
+        req, self._requested = self._requested, None
         control = self._control
-        if c is None or control is None:
+        if req is None or control is None:
+            return
+        c, reason = req
+        if reason is None:  # the search goes on from c: its windows are measured
+            if c != self.current:
+                self._switch(c)
             return
         if control.apply(c):
             self.current = c
             self.fixed = True
-            self.decision = fixed(c, self._requested_reason)
+            self.decision = fixed(c, reason)
         elif self._requested is None:
-            self._requested = c  # not now (the fork must wait): at a later tick
+            self._requested = req  # not now (the fork must wait): at a later tick
 
     def lost(self, fallback: Candidate) -> None:
         """(consumer thread) The process stage stopped taking work; the pass already
@@ -424,4 +463,5 @@ class Chooser:
                                inline_before_threads=d.inline_before_threads,
                                processes_before_up=d.processes_before_up,
                                processes_before_down=d.processes_before_down,
-                               more_processes_skipped=d.more_processes_skipped)
+                               more_processes_skipped=d.more_processes_skipped,
+                               thread_bound=bool(self.thread_bound))

@@ -58,8 +58,11 @@ class ExecutionReport:
     processes were dueled before fewer threads, the start's threads having run the
     rows short of their count times one thread's rate.  ``more_processes_skipped``: why
     twice the workers were not measured where processes were (``NO_ROOM``: their
-    workers kept busy every core they could have), if they were not.  ``str()`` is a
-    sentence."""
+    workers kept busy every core they could have), if they were not.
+    ``thread_bound``: the data set's rows failed in decode threads and loaded in
+    the consumer's thread (it uses what only that thread may): the candidates
+    measured since are those that run rows there or in worker processes forked
+    from it.  ``str()`` is a sentence."""
 
     mode: Mode
     count: int
@@ -75,6 +78,7 @@ class ExecutionReport:
     processes_before_up: bool = False
     processes_before_down: bool = False
     more_processes_skipped: Reason | None = None
+    thread_bound: bool = False
 
     @property
     def candidate(self) -> Candidate:
@@ -122,6 +126,10 @@ class ExecutionReport:
                                  "as a sqlite3 connection, or signal handlers)",
         }[self.reason]
         parts = [why]
+        if self.thread_bound and self.reason is not Reason.THREAD_BOUND:
+            parts.append("threads left out: the data set's rows failed in decode threads "
+                         "and loaded in the consumer's thread (it uses what only that "
+                         "thread may, such as a sqlite3 connection or signal handlers)")
         if rates:
             parts.append("measured " + ", ".join(
                 f"{k}: {v:,.0f} rows/s" for k, v in sorted(rates.items(),

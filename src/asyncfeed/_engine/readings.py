@@ -157,7 +157,8 @@ class Space:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Space:
         return cls(ladder=tuple(threads(int(n)) for n in d["ladder"]),
-                   start=threads(int(d["start"])), cores=int(d["cores"]),
+                   start=threads(int(d["start"])) if int(d["start"]) else INLINE,
+                   cores=int(d["cores"]),
                    process=processes(int(d["process"])) if d.get("process") else None,
                    inline=bool(d.get("inline", True)),
                    more_processes=processes(int(d["more_processes"]))

@@ -16,10 +16,12 @@ looks at the first failed row of a map-style batch before raising or skipping it
    failure was a passing one (a flaky read): nothing changes either, and the
    failure stands as it was;
 3. if it fails in the new thread, the data set is bound to the consumer's thread:
-   the chooser is told to run rows where the consumer's thread runs them (inline,
-   or, where inline may not run, worker processes), and from then on every row
-   that failed elsewhere is loaded again here before it counts as failed; the
-   batch then holds the rows loaded here, in their places.
+   the chooser leaves threads out and measures what runs rows where the consumer's
+   thread runs them -- inline, and worker processes forked from it -- keeping the
+   faster as it keeps any candidate (where only one of them may run, it runs:
+   :meth:`.Chooser.without_threads`); from then on every row that failed elsewhere
+   is loaded again here before it counts as failed; the batch then holds the rows
+   loaded here, in their places.
 
 So the finding costs one row loaded twice more, once per loader, and a data set
 whose rows fail for their own reasons is never slowed by it.
@@ -33,7 +35,7 @@ from typing import Any
 from .._errors import is_fatal
 from .batch import Batch, BatchMode
 from .chooser import Chooser
-from .policy import INLINE, Candidate, Reason
+from .policy import INLINE, Candidate
 
 __all__ = ["fallback", "retry_here"]
 
@@ -75,8 +77,7 @@ def retry_here(b: Batch, dataset: Any, chooser: Chooser) -> bool:
         if _loads_in_a_new_thread(dataset, idx):
             chooser.thread_bound = False  # a passing failure: it stands
             return False
-        chooser.thread_bound = True
-        chooser.request(where, Reason.THREAD_BOUND)
+        chooser.without_threads()
     still: list[tuple[int, Any, BaseException | None]] = []
     for row, idx, _ in b.failures:
         if row in loaded:
