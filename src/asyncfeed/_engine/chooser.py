@@ -245,10 +245,11 @@ class Chooser:
             control.call_waiting(self._take_request)
 
     def _take_request(self) -> None:
-        req, self._requested = self._requested, None
         control = self._control
+        req = self._requested
         if req is None or control is None:
-            return
+            return  # (no pass bound: the next pass's start takes it)
+        self._requested = None
         c, reason = req
         if reason is None:  # the search goes on from c: its windows are measured
             if c != self.current:
