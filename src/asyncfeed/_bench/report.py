@@ -135,6 +135,11 @@ def _steady_vs_limit(r: dict) -> float | None:
     return float(steady * vs / rate)
 
 
+def _steady_note(r: dict) -> str:
+    steady = _steady_vs_limit(r)
+    return f", {steady:.2f} steady" if steady is not None else ""
+
+
 def _section_a(results: dict, s: dict, summ_a: list[dict]) -> tuple:
     """Workload (a)'s table: title, headers, rows and the notes on twin rows."""
     rows = [[_name(r), _fmt(r.get("rate"), ",.0f"), _fmt(r.get("vs_limit"), ".2f"),
@@ -145,8 +150,7 @@ def _section_a(results: dict, s: dict, summ_a: list[dict]) -> tuple:
     twins = tuple(
         f"{t['label']} and {t['twin']} are the same configuration; over both rows' "
         f"{t['runs_in_median']} runs: {_fmt(t.get('rate'), ',.0f')}/s "
-        f"({_fmt(t.get('vs_limit'), '.2f')} of the limit, "
-        f"{_fmt(_steady_vs_limit(t), '.2f')} steady), "
+        f"({_fmt(t.get('vs_limit'), '.2f')} of the limit{_steady_note(t)}), "
         f"{_fmt(t.get('cpu_per_sample_ms'), '.2f')} ms CPU/sample "
         f"({_fmt(t.get('cpu_vs_w2'), '.2f')}x w=2), peak PSS "
         f"{_fmt(t.get('peak_pss_bytes'), 'mb')} MB" for t in results.get("twins") or [])
