@@ -219,13 +219,12 @@ class Chooser:
         then processes), measured as any search is: the record's windows ran rows
         that failed.  Where only one of them may run, it runs, fixed, for
         :attr:`Reason.THREAD_BOUND`; where none may, nothing changes."""
-        sp = self.space
         self.thread_bound = True
-        if sp is None or self.fixed:
+        sp = self.space
+        if sp is None:
             return
-        left = ([INLINE] if sp.inline else []) + \
-            ([sp.process] if sp.process is not None
-             and self.record.failed_starts < self.config.start_attempts else [])
+        left = [c for c in self.here_candidates() if c.mode is not Mode.PROCESSES
+                or self.record.failed_starts < self.config.start_attempts]
         if len(left) < 2:
             if left:
                 self.request(left[0], Reason.THREAD_BOUND)
@@ -237,6 +236,16 @@ class Chooser:
         self._recent = collections.deque(maxlen=self._check_wait)
         self.decision = decide(self.record, self.space, self.config)
         self._ask(self.decision.run, None)
+
+    def here_candidates(self) -> list[Candidate]:
+        """The candidates that run rows in the consumer's thread or in worker processes
+        forked from it, cheaper first: inline where it may run, then the process
+        candidate; none where the execution is fixed."""
+        sp = self.space
+        if sp is None or self.fixed:
+            return []
+        return ([INLINE] if sp.inline else []) + ([sp.process] if sp.process is not None
+                                                  else [])
 
     def _ask(self, candidate: Candidate, reason: Reason | None) -> None:
         self._requested = (candidate, reason)

@@ -35,21 +35,8 @@ from typing import Any
 from .._errors import is_fatal
 from .batch import Batch, BatchMode
 from .chooser import Chooser
-from .policy import INLINE, Candidate
 
-__all__ = ["fallback", "retry_here"]
-
-
-def fallback(chooser: Chooser) -> Candidate | None:
-    """Where rows bound to the consumer's thread can run: inline where it may run,
-    else the process candidate; None where neither may (the user fixed the
-    execution, or no candidate runs rows in the consumer's thread)."""
-    space = chooser.space
-    if space is None or chooser.fixed:
-        return None
-    if space.inline:
-        return INLINE
-    return space.process
+__all__ = ["retry_here"]
 
 
 def retry_here(b: Batch, dataset: Any, chooser: Chooser) -> bool:
@@ -66,8 +53,7 @@ def retry_here(b: Batch, dataset: Any, chooser: Chooser) -> bool:
     loaded: dict[int, Any] = {}
     if chooser.thread_bound is None:
         row, idx, e = min(b.failures, key=lambda f: f[0])
-        where = fallback(chooser)
-        if where is None or e is None or is_fatal(e):
+        if not chooser.here_candidates() or e is None or is_fatal(e):
             return False
         ok, got = _load_here(dataset, idx)
         if not ok:  # a bad row: it fails here too
