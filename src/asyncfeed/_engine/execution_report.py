@@ -35,6 +35,12 @@ class Measured:
 
 
 
+#: why rows run where the consumer's thread runs them (the reason, or the threads left out)
+_BOUND = ("the data set's rows failed in decode threads and loaded in the consumer's "
+          "thread: it uses what only that thread may (an object bound to the thread that "
+          "made it, such as a sqlite3 connection, or signal handlers)")
+
+
 @dataclass(frozen=True)
 class ExecutionReport:
     """Where a loader's samples run, and why (``stats().execution``).
@@ -120,16 +126,11 @@ class ExecutionReport:
             Reason.HANDOFF: "processes cannot beat it",
             Reason.CONSUMER: "it keeps up with the consumer",
             Reason.UNAVAILABLE: "worker processes could not start",
-            Reason.THREAD_BOUND: "the data set's rows failed in decode threads and loaded "
-                                 "in the consumer's thread: it uses what only that thread "
-                                 "may (an object bound to the thread that made it, such "
-                                 "as a sqlite3 connection, or signal handlers)",
+            Reason.THREAD_BOUND: _BOUND,
         }[self.reason]
         parts = [why]
         if self.thread_bound and self.reason is not Reason.THREAD_BOUND:
-            parts.append("threads left out: the data set's rows failed in decode threads "
-                         "and loaded in the consumer's thread (it uses what only that "
-                         "thread may, such as a sqlite3 connection or signal handlers)")
+            parts.append("threads left out: " + _BOUND)
         if rates:
             parts.append("measured " + ", ".join(
                 f"{k}: {v:,.0f} rows/s" for k, v in sorted(rates.items(),
