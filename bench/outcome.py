@@ -29,6 +29,11 @@ chosen in each round with how many rounds chose the most common one.
     PYTHONPATH=src python bench/outcome.py --datasets detection,text --epochs 4
     PYTHONPATH=src python bench/outcome.py --quick --rounds 1         # smoke test (seconds)
     PYTHONPATH=src python bench/outcome.py --report docs/benchmarks-2core.json  # runs nothing
+    PYTHONPATH=src python bench/outcome.py --workers "" --rounds 10 --neighbour  # stability
+
+``--workers ""`` runs AsyncLoader alone: no ratios, but over many rounds how often its
+choice is the same, and its slowest round over its median (``--into`` stores such a run
+under the bench file's ``stability`` key, the comparison under ``outcome``).
 
 ``--report`` runs nothing: it summarises the rounds a file already holds again (an
 ``--json`` file, or a bench file's ``outcome`` key) and writes the summary and the table
@@ -56,7 +61,8 @@ from asyncfeed._bench import userdata
 from asyncfeed._bench.client import RunServer
 from asyncfeed._bench.machine import machine_info
 from asyncfeed._bench.neighbour import busy_neighbour
-from asyncfeed._bench.outcome_report import execution_key, markdown, summarise
+from asyncfeed._bench.outcome_report import (execution_key, markdown, stability_markdown,
+                                              summarise)
 
 DL_WORKERS = (0, 2, 4)
 
@@ -85,17 +91,22 @@ def _summaries(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _report_again(path: str) -> None:
-    """``--report``: summarise the rounds stored in ``path`` again and write them back."""
+    """``--report``: summarise the rounds stored in ``path`` again and write them back
+    (a bench file's ``outcome`` and ``stability`` keys, or an ``--json`` file)."""
     with open(path) as f:
         data = json.load(f)
-    result = data["outcome"] if "outcome" in data else data
-    if not result.get("rounds"):
+    results = [data[k] for k in ("outcome", "stability") if k in data] or [data]
+    if not any(r.get("rounds") for r in results):
         sys.exit(f"{path}: no outcome rounds to report")
-    result["summary"] = _summaries(result["rounds"])
-    result["table"] = markdown(result["summary"])
+    for result in results:
+        if not result.get("rounds"):
+            continue
+        alone = all(r["family"] == "asyncfeed" for r in result["rounds"])
+        result["summary"] = _summaries(result["rounds"])
+        result["table"] = (stability_markdown if alone else markdown)(result["summary"])
+        print(result["table"])
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
-    print(result["table"])
 
 
 def main() -> None:
@@ -176,7 +187,8 @@ def main() -> None:
         server.close()
         shutil.rmtree(rundir, ignore_errors=True)
     summaries = _summaries(rounds)
-    table = markdown(summaries)
+    alone = len(contenders) == 1  # AsyncLoader alone: how stable its choice is
+    table = stability_markdown(summaries) if alone else markdown(summaries)
     print()
     if args.quick:
         print("--quick: tiny data sets; the ratios are start-up costs, not a result.\n")
@@ -189,9 +201,9 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     if args.into:  # one results file per machine kind: this run under its "outcome" key
-        with open(args.into) as f:
+        with open(args.into) as f:  # ("stability" for AsyncLoader alone)
             bench = json.load(f)
-        bench["outcome"] = result
+        bench["stability" if alone else "outcome"] = result
         with open(args.into, "w") as f:
             json.dump(bench, f, indent=1)
     if any(not r["ok"] for r in rounds):

@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader, default_collate
 from asyncfeed import AsyncLoader
 from asyncfeed._bench import userdata
 from asyncfeed._bench.neighbour import busy_neighbour
-from asyncfeed._bench.outcome_report import execution_key, markdown, summarise
+from asyncfeed._bench.outcome_report import (execution_key, markdown, stability_markdown,
+                                              summarise)
 from asyncfeed._bench.outcome_round import batch_len, execute, execution_fields
 from asyncfeed._bench.workloads import build_dataset
 
@@ -368,6 +369,66 @@ def test_summary_reports_failed_rounds_and_survives_a_missing_contender():
     assert "no AsyncLoader/DataLoader pair" in table and "FAILED rounds" in table
 
 
+def _alone() -> list[dict]:
+    """Four rounds of AsyncLoader alone (``--workers ""``): three chose threads(2)."""
+    runs = [([80, 120, 140], "threads: 2 of 4 running"), ([100, 100, 100], "threads: 2"),
+            ([90, 110, 110], "processes: 2 workers (x)"), ([120, 90, 90], "threads: 2")]
+    return [_round(n, "asyncfeed", None, rates, execution)
+            for n, (rates, execution) in enumerate(runs)]
+
+
+def test_asyncloader_alone_reports_how_stable_its_choice_is():
+    """Without DataLoader rounds there is no ratio, but the executions and
+    AsyncLoader's own medians and slowest round over them: first epochs 80, 100, 90,
+    120 (median 95); steady 130, 100, 110, 90 (median 105)."""
+    s = summarise(_alone())
+    assert "first" not in s and "steady" not in s
+    assert s["executions"]["most_common"] == "threads(2)"
+    assert s["executions"]["most_common_rounds"] == 3
+    assert s["own"]["first"] == pytest.approx({"median": 95, "slowest_over_median": 80 / 95})
+    assert s["own"]["steady"] == pytest.approx({"median": 105, "slowest_over_median": 90 / 105})
+    table = stability_markdown([{"dataset": "x", "condition": "neighbour", **s}])
+    assert "| x | yes | **threads(2)** (3/4) | processes(2) (1) | 95/s (0.84) | 105/s (0.86) |" \
+        in table
+    # and with DataLoader rounds, the comparison keeps them too
+    assert summarise(_three_rounds())["own"]["first"]["median"] == 99
+
+
+@pytest.mark.timeout(60)
+def test_report_summarises_a_stored_stability_run_with_its_own_table(tmp_path):
+    """``--report`` on a bench file with both keys writes each its own table: the
+    comparison's and AsyncLoader alone's."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"outcome": {"rounds": _three_rounds(), "table": "stale"},
+                                "stability": {"rounds": _alone(), "table": "stale"}}))
+    env = dict(os.environ, PYTHONPATH=SRC)
+    proc = subprocess.run([sys.executable, SCRIPT, "--report", str(path)], env=env,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(path.read_text())
+    assert "**1.00x** (0.80x)" in data["outcome"]["table"]
+    assert "**threads(2)** (3/4)" in data["stability"]["table"]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_of_asyncloader_alone_goes_under_the_stability_key(tmp_path):
+    """``--workers ""`` runs AsyncLoader alone and ``--into`` stores it under
+    ``stability``, leaving the comparison under ``outcome`` as it was."""
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"outcome": {"table": "kept"}}))
+    env = dict(os.environ, PYTHONPATH=SRC, TMPDIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--rounds", "2", "--epochs", "2", "--workers", "",
+         "--datasets", "detection", "--into", str(bench), "--workdir", str(tmp_path / "w")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(bench.read_text())
+    assert data["outcome"] == {"table": "kept"}
+    rounds = data["stability"]["rounds"]
+    assert len(rounds) == 2 and {r["family"] for r in rounds} == {"asyncfeed"}
+    assert "| detection | no | **" in data["stability"]["table"]
+
+
 # ------------------------------------------------------------- the quick run, end to end
 
 @pytest.fixture(scope="module")
@@ -492,3 +553,21 @@ def test_the_busy_neighbour_runs_for_its_block_only_even_when_it_raises():
             assert proc is not None and proc.poll() is None
             raise RuntimeError("the measurement failed")
     assert proc.returncode is not None  # killed and reaped, not left running
+
+
+def test_the_benchmarks_page_shows_a_stored_stability_run_and_its_command():
+    """The page's section for AsyncLoader alone: its table and the command that
+    reruns it, the output flag replaced by ``--into results.json``; none without
+    the key."""
+    from asyncfeed._bench.markdown import _stability_section
+    s = summarise(_alone())
+    table = stability_markdown([{"dataset": "x", "condition": "quiet", **s}])
+    lines = _stability_section({"stability": {
+        "argv": ["bench/outcome.py", "--workers", "", "--rounds", "4", "--into", "b.json"],
+        "table": table}})
+    page = "\n".join(lines)
+    assert page.startswith("## How stable the choice is")
+    assert "PYTHONPATH=src python bench/outcome.py --workers '' --rounds 4 --into results.json" \
+        in page
+    assert "| x | no | **threads(2)** (3/4) |" in page
+    assert _stability_section({}) == []

@@ -135,15 +135,44 @@ def _outcome_section(results: dict) -> list[str]:
     out = results.get("outcome")
     if not out:
         return []
+    table = [ln for ln in out["table"].splitlines() if ln.startswith("|")]
+    return [_OUTCOME.format(command=_command(out)).rstrip(), "", *table, ""]
+
+
+_STABILITY = """\
+## How stable the choice is
+
+The same data sets with AsyncLoader alone, in many more fresh processes: which execution
+each round ran after its first epoch (the most common, in how many rounds, and the
+others), and each epoch figure's median with the slowest round over it, quiet and beside
+a busy-looping process (the JSON's `stability` key has every round):
+
+```bash
+{command}
+```
+"""
+
+
+def _command(out: dict) -> str:
+    """The ``bench/outcome.py`` command line a stored run came from, its output flags
+    replaced by ``--into results.json``."""
     args = [a for a in list(out.get("argv") or [])[1:]]
     for flag in ("--json", "--into"):
         if flag in args[:-1]:
             k = args.index(flag)
             del args[k:k + 2]
-    command = "PYTHONPATH=src python bench/outcome.py " + shlex.join(
+    return "PYTHONPATH=src python bench/outcome.py " + shlex.join(
         args + ["--into", "results.json"])
+
+
+def _stability_section(results: dict) -> list[str]:
+    """The table of AsyncLoader's runs alone, from the results' ``stability`` key
+    (``bench/outcome.py --workers "" --into``), if it has one."""
+    out = results.get("stability")
+    if not out:
+        return []
     table = [ln for ln in out["table"].splitlines() if ln.startswith("|")]
-    return [_OUTCOME.format(command=command).rstrip(), "", *table, ""]
+    return [_STABILITY.format(command=_command(out)).rstrip(), "", *table, ""]
 
 
 def markdown(results: dict, json_path: str) -> str:
@@ -172,5 +201,6 @@ def markdown(results: dict, json_path: str) -> str:
         lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in results["skipped"].items()),
                   ""]
     lines += _outcome_section(results)
+    lines += _stability_section(results)
     lines.append(_OUTRO.rstrip())
     return "\n".join(lines) + "\n"

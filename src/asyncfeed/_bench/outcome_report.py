@@ -18,6 +18,11 @@ beside the run) :func:`summarise` reports:
   and how many rounds chose the most common one;
 * the median share of the machine's CPU used outside the round's process tree
   ("other load": other users, and the neighbour where there is one).
+
+AsyncLoader's own figures (``own``: its first-epoch and steady-state medians and
+slowest round over them) and its executions are kept without DataLoader rounds too:
+a run of AsyncLoader alone (``bench/outcome.py --workers ""``) measures how stable
+its choice is over many fresh processes, which :func:`stability_markdown` tabulates.
 """
 
 from __future__ import annotations
@@ -94,7 +99,12 @@ def summarise(rounds: list[dict]) -> dict[str, Any]:
     best_first = out["best_dl_first"] = best(out["dl_first_medians"])
     best_later = out["best_dl_later"] = best(out["dl_later_medians"])
     af = {n: runs["async"] for n, runs in by_round.items() if "async" in runs}
-    if not af or best_first is None or best_later is None:
+    if not af:
+        return out
+    out["executions"] = _executions([r for _, r in sorted(af.items())])
+    out["own"] = {name: _spread([figure(r["epochs"]) for r in af.values()])
+                  for name, figure in (("first", _first), ("steady", _later))}
+    if best_first is None or best_later is None:
         return out
     paired_first = [(_first(r["epochs"]), _first(by_round[n][best_first]["epochs"]))
                     for n, r in af.items() if best_first in by_round[n]]
@@ -114,14 +124,24 @@ def summarise(rounds: list[dict]) -> dict[str, Any]:
                      statistics.median(ratios), "ratio_worst": min(ratios),
                      "slowest_over_median": min(rates) / med, "ratios": ratios,
                      "rates": rates, "dl_slowest_over_median": min(dl_rates) / dl_median}
-    chosen_first = [execution_key(r["epochs"][0]) for _, r in sorted(af.items())]
-    chosen_last = [execution_key(r["epochs"][-1]) for _, r in sorted(af.items())]
-    top, count = Counter(chosen_first).most_common(1)[0]
-    out["executions"] = {"after_first_epoch": chosen_first, "after_last_epoch": chosen_last,
-                         "most_common": top, "most_common_rounds": count,
-                         "changed_after_first_epoch": sum(a != b for a, b in
-                                                          zip(chosen_first, chosen_last))}
     return out
+
+
+def _executions(runs: list[dict]) -> dict[str, Any]:
+    """The execution each of AsyncLoader's ``runs`` (in round order) ran after its
+    first epoch and after its last, and the most common after the first."""
+    chosen_first = [execution_key(r["epochs"][0]) for r in runs]
+    chosen_last = [execution_key(r["epochs"][-1]) for r in runs]
+    top, count = Counter(chosen_first).most_common(1)[0]
+    return {"after_first_epoch": chosen_first, "after_last_epoch": chosen_last,
+            "most_common": top, "most_common_rounds": count,
+            "changed_after_first_epoch": sum(a != b for a, b in zip(chosen_first, chosen_last))}
+
+
+def _spread(rates: list[float]) -> dict[str, float]:
+    """The median of ``rates`` and their slowest over it."""
+    med = statistics.median(rates)
+    return {"median": med, "slowest_over_median": min(rates) / med if med > 0 else 0.0}
 
 
 def _floor(figures: dict[str, Any]) -> str:
@@ -171,4 +191,36 @@ def markdown(summaries: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "Execution chosen per round (after the first epoch):", ""] + notes
+    return "\n".join(lines)
+
+
+def stability_markdown(summaries: list[dict[str, Any]]) -> str:
+    """The table of a run of AsyncLoader alone: per data set and condition, the
+    execution most rounds ran after the first epoch (and how many), the others, and
+    the first epoch's and the steady state's median with the slowest round over it.
+
+    ``summaries``: ``{"dataset", "condition", **summarise(...)}`` dicts."""
+    head = ("| data set | neighbour | execution after the 1st epoch: most common (rounds) "
+            "| the other rounds | 1st epoch: median (slowest/median) "
+            "| steady: median (slowest/median) | other load |")
+    lines = [head, "|" + " --- |" * 7]
+    for s in summaries:
+        ex, own = s.get("executions"), s.get("own")
+        cells = [s["dataset"], "yes" if s["condition"] == "neighbour" else "no"]
+        if ex is None or own is None:
+            cells += ["no AsyncLoader round"] + ["-"] * 4
+        else:
+            others = Counter(e for e in ex["after_first_epoch"] if e != ex["most_common"])
+            cells += [
+                f"**{ex['most_common']}** ({ex['most_common_rounds']}/"
+                f"{len(ex['after_first_epoch'])})",
+                ", ".join(f"{e} ({n})" for e, n in others.most_common()) or "-",
+                f"{_rate(own['first']['median'])} ({own['first']['slowest_over_median']:.2f})",
+                f"{_rate(own['steady']['median'])} "
+                f"({own['steady']['slowest_over_median']:.2f})",
+                "-" if s.get("other_load_median") is None else f"{s['other_load_median']:.2f}",
+            ]
+        if s.get("failed"):
+            cells[-1] += " (FAILED rounds: " + "; ".join(s["failed"]) + ")"
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
