@@ -149,6 +149,7 @@ def main() -> None:
     contenders: list[tuple[str, int | None]] = [("dataloader", int(w))
                                                       for w in args.workers.split(",") if w]
     contenders.append(("asyncfeed", None))
+    alone = len(contenders) == 1  # AsyncLoader alone: how stable its choice is
     # SIGTERM (and SIGINT, which a shell ignores in background jobs) end the run through
     # its ``finally``: the neighbour is killed and the fork server closed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -161,8 +162,8 @@ def main() -> None:
         for name in names:
             userdata.build(name, quick=args.quick, workdir=workdir)  # write its files once
             have = {w for f, w in contenders if f == "dataloader"}
-            mine = contenders[:-1] + [("dataloader", w) for w in
-                                      userdata.DATASETS[name].more_workers if w not in have]
+            more = () if alone else userdata.DATASETS[name].more_workers
+            mine = contenders[:-1] + [("dataloader", w) for w in more if w not in have]
             mine.append(contenders[-1])
             for n in range(args.rounds):
                 for condition in conditions:
@@ -187,7 +188,6 @@ def main() -> None:
         server.close()
         shutil.rmtree(rundir, ignore_errors=True)
     summaries = _summaries(rounds)
-    alone = len(contenders) == 1  # AsyncLoader alone: how stable its choice is
     table = stability_markdown(summaries) if alone else markdown(summaries)
     print()
     if args.quick:

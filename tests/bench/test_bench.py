@@ -348,10 +348,12 @@ def test_the_benchmarks_page_is_generated_from_the_committed_json(capsys):
     with open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8") as f:
         assert f.read() == page, "docs/benchmarks.md is stale: regenerate it with --markdown"
     # about 250 lines for the workloads (with the training-augmentation one and its
-    # torchvision rows), and the outcome bench's one table after them (two rows and
-    # two lines of choices for each of its ten data sets)
-    assert len(page.splitlines()) <= 330
+    # torchvision rows), the outcome bench's table after them (two rows and two lines
+    # of choices for each of its ten data sets), and its stability table (two rows a
+    # set)
+    assert len(page.splitlines()) <= 370
     assert "## The execution choice on data sets written as users write them" in page
+    assert "## How stable the choice is" in page
     data = json.load(open(os.path.join(ROOT, json_path)))
     assert "## Results: 2 cores" in page and "asyncfeed bench --markdown" in page
     assert page.count("\nLed: ") == len(data["summary"])

@@ -388,8 +388,8 @@ def test_asyncloader_alone_reports_how_stable_its_choice_is():
     assert s["own"]["first"] == pytest.approx({"median": 95, "slowest_over_median": 80 / 95})
     assert s["own"]["steady"] == pytest.approx({"median": 105, "slowest_over_median": 90 / 105})
     table = stability_markdown([{"dataset": "x", "condition": "neighbour", **s}])
-    assert "| x | yes | **threads(2)** (3/4) | processes(2) (1) | 95/s (0.84) | 105/s (0.86) |" \
-        in table
+    assert "| x | yes | **threads(2)** (3/4) | processes(2) (1) | threads(2) (3), processes(2) " \
+        "(1) | 95/s (0.84) | 105/s (0.86) |" in table
     # and with DataLoader rounds, the comparison keeps them too
     assert summarise(_three_rounds())["own"]["first"]["median"] == 99
 
@@ -412,20 +412,22 @@ def test_report_summarises_a_stored_stability_run_with_its_own_table(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_run_of_asyncloader_alone_goes_under_the_stability_key(tmp_path):
-    """``--workers ""`` runs AsyncLoader alone and ``--into`` stores it under
+    """``--workers ""`` runs AsyncLoader alone (not even the more workers a set's
+    user would try: ``slow-reads``' 8 and 16) and ``--into`` stores it under
     ``stability``, leaving the comparison under ``outcome`` as it was."""
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"outcome": {"table": "kept"}}))
     env = dict(os.environ, PYTHONPATH=SRC, TMPDIR=str(tmp_path))
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--rounds", "2", "--epochs", "2", "--workers", "",
-         "--datasets", "detection", "--into", str(bench), "--workdir", str(tmp_path / "w")],
+         "--datasets", "detection,slow-reads", "--into", str(bench),
+         "--workdir", str(tmp_path / "w")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(bench.read_text())
     assert data["outcome"] == {"table": "kept"}
     rounds = data["stability"]["rounds"]
-    assert len(rounds) == 2 and {r["family"] for r in rounds} == {"asyncfeed"}
+    assert len(rounds) == 4 and {r["family"] for r in rounds} == {"asyncfeed"}
     assert "| detection | no | **" in data["stability"]["table"]
 
 

@@ -196,25 +196,29 @@ def markdown(summaries: list[dict[str, Any]]) -> str:
 
 def stability_markdown(summaries: list[dict[str, Any]]) -> str:
     """The table of a run of AsyncLoader alone: per data set and condition, the
-    execution most rounds ran after the first epoch (and how many), the others, and
-    the first epoch's and the steady state's median with the slowest round over it.
+    execution most rounds ran after the first epoch (and how many), the others, the
+    executions after the last epoch (a search may still run at the first epoch's
+    end, and a re-check may move a choice), and the first epoch's and the steady
+    state's median with the slowest round over it.
 
     ``summaries``: ``{"dataset", "condition", **summarise(...)}`` dicts."""
     head = ("| data set | neighbour | execution after the 1st epoch: most common (rounds) "
-            "| the other rounds | 1st epoch: median (slowest/median) "
+            "| the other rounds | after the last epoch | 1st epoch: median (slowest/median) "
             "| steady: median (slowest/median) | other load |")
-    lines = [head, "|" + " --- |" * 7]
+    lines = [head, "|" + " --- |" * 8]
     for s in summaries:
         ex, own = s.get("executions"), s.get("own")
         cells = [s["dataset"], "yes" if s["condition"] == "neighbour" else "no"]
         if ex is None or own is None:
-            cells += ["no AsyncLoader round"] + ["-"] * 4
+            cells += ["no AsyncLoader round"] + ["-"] * 5
         else:
             others = Counter(e for e in ex["after_first_epoch"] if e != ex["most_common"])
+            last = Counter(ex["after_last_epoch"]).most_common()
             cells += [
                 f"**{ex['most_common']}** ({ex['most_common_rounds']}/"
                 f"{len(ex['after_first_epoch'])})",
                 ", ".join(f"{e} ({n})" for e, n in others.most_common()) or "-",
+                ", ".join(f"{e} ({n})" for e, n in last),
                 f"{_rate(own['first']['median'])} ({own['first']['slowest_over_median']:.2f})",
                 f"{_rate(own['steady']['median'])} "
                 f"({own['steady']['slowest_over_median']:.2f})",
