@@ -231,6 +231,28 @@ def test_inline_is_skipped_by_the_one_core_bound_only_where_workers_read_it_too(
         assert d.choice.mode is Mode.PROCESSES, d
 
 
+@pytest.mark.parametrize("pickle_s", [0.0, 150e-6])
+def test_the_one_core_bound_leaves_out_the_pickling_of_the_rows_workers_send_back(pickle_s):
+    """Workers that send their rows back pickled (a custom ``collate_fn``) spend CPU
+    on each row that inline never does: ``Record.handoff``, measured on the pass's
+    rows.  Here the workers read 3,500 rows per CPU second; with rows written in
+    place that is the rows' own cost, so processes' 7,000 rows/s are beyond one
+    core and inline is skipped.  Where 150 us of each row's 286 us is pickling, the
+    rows' own cost is 136 us (7,350 rows per CPU second): processes are within one
+    core's rate of them, so inline is dueled, and wins."""
+    sp = space(2)
+    rec, ran = run(sp, tiny_serialised, core_rate=4_800.0, other_cores=0.05,
+                   worker_cores=lambda x: 7_000.0 / 3_500.0,
+                   record=Record(handoff=Handoff(pickle_s, 1e-6)))
+    d = decide(rec, sp)
+    assert d.processes_first, d
+    if pickle_s:
+        assert INLINE in ran and d.choice == INLINE and d.inline_skipped is None, d
+    else:
+        assert INLINE not in ran and d.inline_skipped is Reason.NO_ROOM, d
+        assert d.choice.mode is Mode.PROCESSES, d
+
+
 @pytest.mark.parametrize("cores", [2, 16])
 def test_threads_that_used_their_cores_keep_the_order(cores):
     """GIL-free rows: the start's threads took every core; one thread's duel comes

@@ -56,10 +56,16 @@ def workers_bound(windows: list[Window], workers: int, cores: int) -> float | No
     return min(bound, rows / own_cpu) if own_cpu > 0 else bound
 
 
-def workers_core_rate(windows: list[Window]) -> float:
+def workers_core_rate(windows: list[Window], less_s: float = 0.0) -> float:
     """Rows per CPU second of the worker processes, pooled over the windows of
     ``windows`` that know their workers' CPU (0 where none does): what one core
-    runs the rows at in a worker, which runs them alone on its one thread."""
+    runs the rows at in a worker, which runs them alone on its one thread.
+    ``less_s``: CPU seconds a row costs there that are left out (the pickling of
+    a row sent back, for what the rows cost where nothing is sent); none where
+    that would leave no CPU."""
     ws = [w for w in windows if w.workers_cpu > 0]
+    rows = sum(w.rows for w in ws)
     cpu = sum(w.workers_cpu for w in ws)
-    return sum(w.rows for w in ws) / cpu if cpu > 0 else 0.0
+    if cpu - rows * less_s > 0:
+        cpu -= rows * less_s
+    return rows / cpu if cpu > 0 else 0.0

@@ -105,8 +105,8 @@ The search, replayed from the record by :func:`decide` (a pure function):
 5. *inline*: duel inline (the consumer loads the rows itself) against
    whatever won -- unless it won at a rate beyond one core's rate of the rows
    (the most rows per CPU second of a thread window, or of the workers' windows
-   pooled, plus the margin: threads that took turns at the GIL read each row
-   dearer than a worker, which runs its rows alone): inline
+   pooled less the pickling of the rows they send back, plus the margin; each
+   reading counts CPU inline does not spend, so the bound reads low): inline
    runs them on one thread, so it cannot win.  Not inferred from one thread's
    duel: inline pays no task hand-off, so for tiny rows it runs far ahead of
    one thread, and may beat threads that beat one thread.  Processes

@@ -67,18 +67,21 @@ class SearchBounds:
     def _beyond_one_core(self) -> bool:
         """Whether the choice's rate is beyond what one core can run the rows at,
         plus the margin: the most rows per CPU second any one thread window read,
-        or worker processes read (their rows pooled over their CPU: a worker runs
-        its rows on one thread, sharing no GIL), whichever is more.  Inline runs
-        the rows on the consumer's thread alone (with its own work besides), so it
-        cannot reach that rate.  The most of the windows, not their pooled rate
-        (:meth:`_core_rate`): inline skips the hand-off a thread's task pays per
-        row, which for tiny rows is a good part of their CPU, so this bound leans
-        high; threads that took turns at the GIL read each row dearer still, where
-        workers do not.  False where no window knows its rows' CPU."""
+        or worker processes read (their rows pooled over their CPU less the
+        pickling of the rows they send back, ``Record.handoff``: a worker runs its
+        rows on one thread, sharing no GIL, and inline sends nothing back),
+        whichever is more.  Inline runs the rows on the consumer's thread alone
+        (with its own work besides), so it cannot reach that rate.  The most of the
+        windows, not their pooled rate (:meth:`_core_rate`).  Each reading counts
+        what inline does not pay (a thread's task hand-off, the turns threads took
+        at the GIL, a worker's reading of its tasks), so the bound reads low, the
+        more so for tiny rows, and skips inline only where the choice is beyond
+        it by the margin.  False where no window knows its rows' CPU."""
         per_core = max((w.core_rate for w in self.fresh if w.candidate.mode is Mode.THREADS),
                        default=0.0)
         per_core = max(per_core, workers_core_rate(
-            [w for w in self.fresh if w.candidate.mode is Mode.PROCESSES]))
+            [w for w in self.fresh if w.candidate.mode is Mode.PROCESSES],
+            self.handoff.pickle_s if self.handoff is not None else 0.0))
         if not per_core or self.choice_rate is None:
             return False
         return self.choice_rate > per_core * (1 + self._margin())
