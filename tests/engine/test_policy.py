@@ -1992,3 +1992,15 @@ def test_a_window_spans_four_of_the_interpreters_gil_switch_intervals(monkeypatc
     monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.002)
     assert PolicyConfig().window_seconds() == pytest.approx(0.008)
     assert PolicyConfig(window_s=0.05).window_seconds() == 0.05
+
+
+def test_the_workers_rows_per_cpu_second_leave_out_what_a_row_costs_to_send_back():
+    """Two windows of 100 rows, each on 0.3 CPU seconds of the workers: 333 rows per
+    CPU second; 1 ms a row left out (the pickling), 200 rows on 0.4 s: 500; a cost
+    that would leave no CPU (3 ms a row) is not left out; no CPU known, no rate."""
+    from asyncfeed._engine.bounds import workers_core_rate
+    ws = [Window(processes(2), 100, 0.1, 0.0, 0.0, 0.0, 0.3) for _ in range(2)]
+    assert workers_core_rate(ws) == pytest.approx(100 / 0.3)
+    assert workers_core_rate(ws, 1e-3) == pytest.approx(100 / 0.2)
+    assert workers_core_rate(ws, 3e-3) == pytest.approx(100 / 0.3)
+    assert workers_core_rate([Window(processes(2), 100, 0.1)], 1e-3) == 0.0
