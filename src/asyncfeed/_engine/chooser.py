@@ -161,18 +161,10 @@ class Chooser:
         self._opens_after = -1  # a window opens at a completion past this count
         self._carried = _Mark()
         self._warmup = config.warmup_windows  # the loader's first windows: threads wake
-        # the settled windows a drift is judged on: the last ``_check_wait`` of them,
-        # so a dip shorter than half the wait (another process's burst, a collection)
-        # cannot move their median
-        self._recent: collections.deque[float] = collections.deque(
-            maxlen=config.recheck_windows)
-        self._since_check = 0
-        self._check_wait = config.recheck_windows
-        # the settled choice's own rate, read from its first settled windows (the
-        # duel's windows alternated with other candidates' and ran in a cold pass),
-        # as many as the drift is then judged on: a few windows read while the
-        # process still warms up sit below what it reads a second later
-        self._baseline: list[float] = []
+        self._recent: collections.deque[float]
+        self._baseline: list[float]
+        self._since_check = self._check_wait = 0
+        self._watch_anew(config.recheck_windows)
         # a candidate to run from the consumer's next tick, and the reason it is fixed
         # with (None: the search goes on from it, see ``without_threads``)
         self._requested: tuple[Candidate, Reason | None] | None = None
@@ -231,9 +223,7 @@ class Chooser:
             return
         self.space = dataclasses.replace(sp, ladder=(), start=left[0])
         self.record = Record(handoff=self.record.handoff)
-        self._baseline, self._since_check = [], 0
-        self._check_wait = self.config.recheck_windows
-        self._recent = collections.deque(maxlen=self._check_wait)
+        self._watch_anew(self.config.recheck_windows)
         self.decision = decide(self.record, self.space, self.config)
         self._ask(self.decision.run, None)
 
@@ -430,6 +420,20 @@ class Chooser:
                 and self._control.apply(run):
             self.current = run
 
+    def _watch_anew(self, wait: int) -> None:
+        """Start the drift watch over: a settled choice is re-checked no sooner than
+        ``wait`` settled windows after its rate was read again."""
+        self._check_wait, self._since_check = wait, 0
+        # the settled windows a drift is judged on: the last ``wait`` of them, so a
+        # dip shorter than half the wait (another process's burst, a collection)
+        # cannot move their median
+        self._recent = collections.deque(maxlen=wait)
+        # the settled choice's own rate, read from its first settled windows (the
+        # duel's windows alternated with other candidates' and ran in a cold pass),
+        # as many as the drift is then judged on: a few windows read while the
+        # process still warms up sit below what it reads a second later
+        self._baseline = []
+
     def _watch(self, window: Window) -> None:
         """A settled window: re-check the choice (bounded) when the median of the
         last ``_check_wait`` settled windows drifted from the rate its first
@@ -448,10 +452,7 @@ class Chooser:
             return
         assert self.space is not None
         log.debug("execution %s drifted from %.0f rows/s: re-checking", self.current, base)
-        self._since_check = 0
-        self._check_wait *= 2
-        self._recent = collections.deque(maxlen=self._check_wait)
-        self._baseline = []
+        self._watch_anew(2 * self._check_wait)
         self.record.recheck_at.append(len(self.record.windows))
         self._act()
 
