@@ -132,11 +132,7 @@ on both sides' spread:
 def _outcome_section(results: dict) -> list[str]:
     """The outcome bench's table, from the results' ``outcome`` key (``bench/outcome.py
     --into``), if it has one."""
-    out = results.get("outcome")
-    if not out:
-        return []
-    table = [ln for ln in out["table"].splitlines() if ln.startswith("|")]
-    return [_OUTCOME.format(command=_command(out)).rstrip(), "", *table, ""]
+    return _stored_section(results.get("outcome"), _OUTCOME)
 
 
 _STABILITY = """\
@@ -168,11 +164,16 @@ def _command(out: dict) -> str:
 def _stability_section(results: dict) -> list[str]:
     """The table of AsyncLoader's runs alone, from the results' ``stability`` key
     (``bench/outcome.py --workers "" --into``), if it has one."""
-    out = results.get("stability")
+    return _stored_section(results.get("stability"), _STABILITY)
+
+
+def _stored_section(out: dict | None, template: str) -> list[str]:
+    """A stored ``bench/outcome.py`` run's section: ``template`` with the command
+    that reruns it, then its table (none where there is no run)."""
     if not out:
         return []
     table = [ln for ln in out["table"].splitlines() if ln.startswith("|")]
-    return [_STABILITY.format(command=_command(out)).rstrip(), "", *table, ""]
+    return [template.format(command=_command(out)).rstrip(), "", *table, ""]
 
 
 def markdown(results: dict, json_path: str) -> str:
