@@ -1,5 +1,9 @@
 """Where a map-style pass's samples run, chosen by the measured outcome.
 
+``docs/architecture.md`` ("Choosing the execution") gives the rule in a page and
+what was measured; this docstring states each step exactly, as :func:`decide`
+replays it.
+
 The candidates are what a ``DataLoader`` user picks by hand, and ours:
 
 * ``inline``: the consumer's thread loads the rows while it waits for a batch
